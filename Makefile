@@ -1,0 +1,34 @@
+# flywheel — `make demo` and `make test` each do their own set-up on a fresh machine.
+# TORCH selects the torch spec; the default is the CPU build that lies on this machine's disk.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	@command -v bwrap >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
+		echo "note: bubblewrap not installed; sandboxes fall back to 'local'")
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/flywheel demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not gpu and not ray" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Subcommands of `flywheel`, one module each (see flywheel/cli.py for the contract)."""

@@ -1,0 +1,44 @@
+"""Run a benchmark and write its JSON: `flywheel bench <target> --out FILE`.
+
+Targets are the modules of `flywheel.bench`; each defines `run(args) -> dict` returning a result with
+a `summary` object (the headline figures) and the baselines measured in the same run. The machine
+(CPU, cores, torch version) is recorded beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pkgutil
+
+HELP = "run a benchmark target and write its JSON"
+
+
+def _targets() -> list[str]:
+    from flywheel import bench
+
+    return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", choices=_targets(), help="what to measure")
+    p.add_argument("--out", default=None, help="JSON output path (default: benchmarks/results/<target>.json)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib
+    import json
+    from pathlib import Path
+
+    from flywheel.bench._machine import machine_info
+
+    mod = importlib.import_module(f"flywheel.bench.{args.target}")
+    result = mod.run(args)
+    result.setdefault("machine", machine_info())
+    out = Path(args.out or f"benchmarks/results/{args.target}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result.get("summary", {}), indent=2))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,258 @@
+"""Configuration: one pydantic model per section, loaded from TOML with dotted CLI overrides.
+
+    flywheel train configs/demo.toml --trainer.lr 3e-6 --rollout.group_size 8
+
+Why: configs are data. Every field carries its unit and bounds; an unknown key or an out-of-bounds
+value is refused with a message naming the key and what is allowed (`ConfigError`). The resolved
+config is saved as JSON in the run directory so a run can be inspected and replayed. This module
+must not import torch: `flywheel --help` parses configs and has to answer in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config a user wrote is wrong; the message says which key and what is allowed."""
+
+
+class Section(BaseModel):
+    """Base for every section: unknown keys are refused, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    """The policy: a built-in preset built from config, or a local Hugging Face checkpoint dir."""
+
+    preset: Literal["tiny", "small", "tiny-moe"] | None = Field(
+        "tiny", description="built-in architecture with random init; ignored when `path` is set")
+    path: str | None = Field(None, description="local HF checkpoint directory (safetensors); overrides `preset`")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype on load")
+    max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="context length in tokens")
+    seed: int = Field(0, ge=0, description="seed for random initialisation of presets")
+
+
+class TokenizerConfig(Section):
+    """Byte-level BPE trained with `tokenizers`, saved as a HF tokenizer with a chat template."""
+
+    path: str | None = Field(None, description="local HF tokenizer dir; trained on the fly when unset")
+    vocab_size: int = Field(2048, ge=300, le=262_144, description="BPE vocabulary size (tokens)")
+    min_frequency: int = Field(2, ge=1, description="minimum pair frequency for a BPE merge")
+
+
+class InferenceConfig(Section):
+    """Inference engine: the local torch engine, or a remote OpenAI-compatible server."""
+
+    type: Literal["local", "remote"] = Field("local", description="engine implementation")
+    max_batch_size: int = Field(64, ge=1, le=4096, description="sessions decoded together per step")
+    max_prefill_tokens: int = Field(4096, ge=16, description="prompt tokens admitted per prefill step")
+    url: str | None = Field(None, description="base URL of a remote OpenAI-compatible server (type=remote)")
+    num_threads: int = Field(0, ge=0, le=1024, description="torch threads for the engine; 0 = torch default")
+
+
+class EnvConfig(Section):
+    """Coding environment: sandbox kind and limits, harness output size, reward shaping."""
+
+    sandbox: Literal["auto", "bwrap", "local"] = Field(
+        "auto", description="'auto' uses bubblewrap where it is installed and works, else 'local'")
+    command_timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit per tool command")
+    cpu_time_s: int = Field(20, ge=1, le=86_400, description="CPU-time limit per sandboxed command")
+    memory_mb: int = Field(1024, ge=32, le=1_048_576, description="address-space limit per command")
+    max_procs: int = Field(64, ge=4, le=65_536, description="process-count limit inside a sandbox")
+    file_size_mb: int = Field(64, ge=1, le=1_048_576, description="largest file a command may write")
+    max_output_chars: int = Field(4000, ge=100, le=1_000_000, description="tool output kept, then a truncation marker")
+    grade_timeout_s: float = Field(60.0, gt=0, le=86_400, description="wall-clock limit for grading")
+    partial_credit: bool = Field(False, description="reward = fraction of hidden tests passed instead of all-or-nothing")
+    cheat_penalty: float = Field(1.0, ge=0, le=10, description="reward subtracted per anti-cheat flag")
+    max_tool_calls: int = Field(64, ge=1, le=100_000, description="tool calls above this raise the spam flag")
+
+
+class RolloutConfig(Section):
+    """Agent sessions: group size, turn and token limits, sampling, self-summarization."""
+
+    group_size: int = Field(8, ge=1, le=1024, description="sessions per task (GRPO group)")
+    max_turns: int = Field(8, ge=1, le=10_000, description="assistant turns before the session ends")
+    max_new_tokens: int = Field(256, ge=1, le=131_072, description="tokens per assistant turn")
+    max_total_tokens: int = Field(8192, ge=16, description="token budget for the whole session")
+    summarize_at: int = Field(0, ge=0, description="context tokens past which the model summarizes; 0 = never")
+    temperature: float = Field(1.0, ge=0, le=10, description="sampling temperature; 0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    concurrency: int = Field(32, ge=1, le=100_000, description="sessions running at once per worker")
+    wall_clock_s: float = Field(300.0, gt=0, description="wall-clock limit per session")
+    max_env_retries: int = Field(2, ge=0, le=100, description="retries of a session that broke outside the policy")
+
+
+class TrainerConfig(Section):
+    """Policy optimisation: advantages, loss, off-policy correction, optimizer, checkpoints."""
+
+    lr: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 = off")
+    batch_size: int = Field(32, ge=1, description="trajectories per trainer step")
+    micro_batch_tokens: int = Field(4096, ge=16, description="token budget per forward/backward")
+    num_steps: int = Field(20, ge=0, description="trainer steps to run")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training compute dtype")
+    advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="group-relative advantage estimator")
+    clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO clip below 1")
+    clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip above 1 (clip-higher)")
+    correction: Literal["none", "tis", "tis_seq", "mis", "icepop"] = Field(
+        "tis", description="off-policy correction against sampler log-probs")
+    tis_cap: float = Field(2.0, gt=0, description="truncation cap C for importance weights")
+    icepop_alpha: float = Field(0.5, gt=0, le=1, description="IcePop: mask tokens with ratio below this")
+    icepop_beta: float = Field(2.0, ge=1, description="IcePop: mask tokens with ratio above this")
+    kl_coef: float = Field(0.0, ge=0, description="weight of KL to the reference policy; 0 = off")
+    aggregation: Literal["token_mean", "seq_mean"] = Field("token_mean", description="loss aggregation")
+    checkpoint_every: int = Field(10, ge=0, description="trainer steps between checkpoints; 0 = only at the end")
+    router_replay: bool = Field(True, description="MoE: trainer forward uses the sampler's routed experts")
+    seed: int = Field(0, ge=0, description="trainer RNG seed")
+
+
+class WeightsConfig(Section):
+    """Weight sync: the versioned store, the delta codec and the relay."""
+
+    store: str = Field("", description="fsspec URL or directory of the weight store; '' = <run_dir>/weights")
+    anchor_every: int = Field(10, ge=1, le=100_000, description="full anchor every N versions")
+    keep_versions: int = Field(8, ge=1, description="versions kept by garbage collection (anchors they need too)")
+    chunk_mb: float = Field(4.0, gt=0, le=1024, description="uncompressed bytes per chunk (MiB)")
+    zstd_level: int = Field(3, ge=-7, le=22, description="zstandard level for chunks")
+    num_threads: int = Field(0, ge=0, le=256, description="encode/decode threads; 0 = all cores")
+    relay_bandwidth_mbps: float = Field(0.0, ge=0, description="relay egress cap in MB/s; 0 = unlimited")
+    relay_streams: int = Field(8, ge=1, le=1024, description="parallel chunk fetches per subscriber")
+
+
+class OrchestratorConfig(Section):
+    """The loop: backend, sync/async mode, bounded staleness, pool size."""
+
+    backend: Literal["local", "ray"] = Field("local", description="where components run")
+    mode: Literal["async", "sync"] = Field("async", description="async pipeline or on-policy baseline")
+    max_staleness: int = Field(4, ge=0, le=1000, description="trainer versions a trajectory may lag; staler are dropped")
+    num_engines: int = Field(1, ge=1, le=10_000, description="inference engines (each with its rollout workers)")
+    ray_address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
+
+
+class MetricsConfig(Section):
+    """Metrics: JSONL always, TensorBoard optionally, the HTML report at the end."""
+
+    log_every: int = Field(1, ge=1, description="trainer steps between metric records")
+    tensorboard: bool = Field(False, description="also write TensorBoard event files")
+    report: bool = Field(True, description="write report.html at the end of a run")
+
+
+class FlywheelConfig(Section):
+    """A whole run. `run_dir` holds config.json, metrics, checkpoints, weights and the report."""
+
+    name: str = Field("run", min_length=1, description="run name")
+    run_dir: str = Field("runs/run", description="directory for this run's outputs")
+    seed: int = Field(0, ge=0, description="global seed")
+    tasks: str = Field("", description="training task file (JSONL); '' = synthesize")
+    eval_tasks: str = Field("", description="held-out task file (JSONL); '' = synthesize")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """The keys allowed at `loc` (the parent of a bad key), for the error message."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return ""
+        model = field.annotation
+    return ", ".join(sorted(model.model_fields))
+
+
+def _format_errors(err: ValidationError, root: type[BaseModel]) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key '{key}'; allowed here: {_allowed(root, e['loc'][:-1])}")
+        else:
+            lines.append(f"'{key}': {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def parse_value(text: str) -> Any:
+    """A CLI override value: a TOML literal (`3e-6`, `true`, `[1, 2]`, `"x"`), else the bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `["--trainer.lr", "3e-6", "--mode=sync", ...]` to a nested dict (copied)."""
+    data = json.loads(json.dumps(data))
+    items: list[tuple[str, str]] = []
+    i = 0
+    while i < len(overrides):
+        arg = overrides[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"override '{arg}' must look like --section.key VALUE")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(overrides):
+                raise ConfigError(f"override '{arg}' needs a value")
+            key, value = arg[2:], overrides[i + 1]
+            i += 2
+        items.append((key, value))
+    for key, value in items:
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '--{key}': '{part}' is a value, not a section")
+            node = child
+        node[parts[-1]] = parse_value(value)
+    return data
+
+
+def validate(data: dict[str, Any]) -> FlywheelConfig:
+    try:
+        return FlywheelConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, FlywheelConfig)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> FlywheelConfig:
+    """Load a TOML file (or defaults when `path` is None) and apply dotted overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{p}' does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config file '{p}' is not valid TOML: {err}") from None
+    return validate(apply_overrides(data, overrides or []))
+
+
+def save_config(config: FlywheelConfig, run_dir: str | Path) -> Path:
+    """Write the resolved config as `<run_dir>/config.json`."""
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.json"
+    path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
+    return path

@@ -1,0 +1,67 @@
+from pathlib import Path
+
+import pytest
+
+from flywheel.config import ConfigError, FlywheelConfig, apply_overrides, load_config, save_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.toml")), ids=lambda p: p.name)
+def test_every_config_file_parses(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, FlywheelConfig)
+
+
+def test_overrides_are_typed():
+    cfg = load_config(None, ["--trainer.lr", "3e-6", "--orchestrator.mode=sync", "--env.partial_credit", "true"])
+    assert cfg.trainer.lr == 3e-6
+    assert cfg.orchestrator.mode == "sync"
+    assert cfg.env.partial_credit is True
+
+
+def test_unknown_key_names_key_and_allowed():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["--trainer.lrr", "1e-3"])
+    msg = str(e.value)
+    assert "trainer.lrr" in msg and "lr" in msg and "batch_size" in msg
+
+
+def test_unknown_section_is_refused():
+    with pytest.raises(ConfigError, match="unknown key 'trainr'"):
+        load_config(None, ["--trainr.lr", "1e-3"])
+
+
+def test_out_of_bounds_value_names_bound():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["--trainer.lr", "-1"])
+    assert "trainer.lr" in str(e.value) and "greater than 0" in str(e.value)
+
+
+def test_bad_literal_lists_choices():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["--orchestrator.mode", "fast"])
+    assert "'async' or 'sync'" in str(e.value)
+
+
+def test_malformed_toml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[trainer\nlr = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_override_needs_value_and_dashes():
+    with pytest.raises(ConfigError, match="needs a value"):
+        apply_overrides({}, ["--trainer.lr"])
+    with pytest.raises(ConfigError, match="must look like"):
+        apply_overrides({}, ["trainer.lr", "1"])
+
+
+def test_resolved_config_saved_as_json(tmp_path):
+    cfg = load_config(None, ["--trainer.lr", "2e-5"])
+    path = save_config(cfg, tmp_path)
+    again = FlywheelConfig.model_validate_json(path.read_text())
+    assert again == cfg
