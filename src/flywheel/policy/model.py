@@ -56,7 +56,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, **special_tokens: int | None)
     if cfg.path:
         return load_model(cfg.path, cfg.dtype)
     if cfg.preset is None:
-        raise ValueError("model: set either 'preset' (tiny, small, tiny-moe) or 'path' (a local HF checkpoint dir)")
+        raise ValueError("set model.preset (tiny, small, tiny-moe) or model.path (a local HF checkpoint dir)")
     hf_config = preset_config(cfg.preset, vocab_size, cfg.max_seq_len, **special_tokens)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
