@@ -1,1 +1,1 @@
-"""flywheel.metrics."""
+"""Metrics: JSONL (+ TensorBoard) logging and the HTML run report."""
