@@ -109,7 +109,12 @@ class TrainerConfig(Section):
     icepop_alpha: float = Field(0.5, gt=0, le=1, description="IcePop: mask tokens with ratio below this")
     icepop_beta: float = Field(2.0, ge=1, description="IcePop: mask tokens with ratio above this")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL to the reference policy; 0 = off")
-    aggregation: Literal["token_mean", "seq_mean"] = Field("token_mean", description="loss aggregation")
+    aggregation: Literal["token_mean", "seq_mean", "token_sum"] = Field(
+        "token_mean", description="loss aggregation; 'token_sum' divides by a constant (Dr.GRPO, see norm_tokens)")
+    norm_tokens: int = Field(1024, ge=1, description="constant divisor per sequence for aggregation 'token_sum' (tokens)")
+    temperature: float = Field(1.0, gt=0, le=10, description="logits temperature of trainer log-probs; set it to "
+                                                              "the sampling temperature (rollout.temperature)")
+    keep_checkpoints: int = Field(3, ge=0, description="newest checkpoints kept on disk; 0 = keep all")
     checkpoint_every: int = Field(10, ge=0, description="trainer steps between checkpoints; 0 = only at the end")
     router_replay: bool = Field(True, description="MoE: trainer forward uses the sampler's routed experts")
     seed: int = Field(0, ge=0, description="trainer RNG seed")
@@ -138,6 +143,35 @@ class OrchestratorConfig(Section):
     ray_address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
 
 
+class SynthConfig(Section):
+    """Synthetic bug-fix tasks used when `tasks` / `eval_tasks` name no file (flywheel/envs/synth.py)."""
+
+    num_train: int = Field(600, ge=1, le=1_000_000, description="training tasks generated")
+    num_heldout: int = Field(100, ge=1, le=1_000_000, description="held-out tasks (functions never seen in training)")
+    difficulties: list[Literal["easy", "medium", "hard"]] = Field(
+        ["easy"], min_length=1, description="difficulty levels mixed uniformly")
+
+
+class MidtrainConfig(Section):
+    """Mid-training: next-token training on agent transcripts, producing the policy RL starts from."""
+
+    num_transcripts: int = Field(600, ge=0, le=10_000_000, description="scripted sessions rendered as training text")
+    imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")
+    failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
+    lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")
+    num_epochs: float = Field(2.0, gt=0, le=1000, description="passes over the transcripts")
+    batch_tokens: int = Field(8192, ge=64, description="tokens per optimizer step")
+    seed: int = Field(0, ge=0, description="seed for transcript sampling and shuffling")
+
+
+class EvalConfig(Section):
+    """Held-out evaluation before and after RL."""
+
+    num_tasks: int = Field(100, ge=1, description="held-out tasks evaluated")
+    num_samples: int = Field(1, ge=1, le=1024, description="sessions per task (pass@k needs k of them)")
+    temperature: float = Field(0.0, ge=0, le=10, description="sampling temperature for evaluation; 0 = greedy")
+
+
 class MetricsConfig(Section):
     """Metrics: JSONL always, TensorBoard optionally, the HTML report at the end."""
 
@@ -163,6 +197,9 @@ class FlywheelConfig(Section):
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    synth: SynthConfig = Field(default_factory=SynthConfig)
+    midtrain: MidtrainConfig = Field(default_factory=MidtrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,3 +293,34 @@ def save_config(config: FlywheelConfig, run_dir: str | Path) -> Path:
     path = out / "config.json"
     path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     return path
+
+
+def reference_markdown() -> str:
+    """The config reference (docs/config.md is this text): every section, key, type, default and description."""
+    lines = ["# Config reference", "",
+             "Generated from `src/flywheel/config.py` by `python -m flywheel.config > docs/config.md`.",
+             "Every key can be set in a TOML file or overridden on the command line: `--section.key VALUE`.", ""]
+
+    def section(title: str, model: type[BaseModel]) -> None:
+        lines.extend([f"## `{title}`", "", (model.__doc__ or "").strip(), "",
+                      "| key | type | default | description |", "|---|---|---|---|"])
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                continue
+            bounds = [f"{k} {getattr(m, k)}" for m in f.metadata for k in ("gt", "ge", "lt", "le") if getattr(m, k, None) is not None]
+            typ = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            desc = (f.description or "") + (f" ({', '.join(bounds)})" if bounds else "")
+            default = f.default if f.default_factory is None else f.default_factory()
+            lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
+        lines.append("")
+
+    section("(top level)", FlywheelConfig)
+    for name, f in FlywheelConfig.model_fields.items():
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            section(name, f.annotation)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference_markdown())

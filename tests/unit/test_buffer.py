@@ -35,3 +35,14 @@ def test_take_returns_whole_groups_and_ages_out_stale_ones():
     batch = buf.take(3, trainer_version=2)
     assert [t.group_id for t in batch] == ["b", "b", "c", "c"]
     assert len(buf) == 0 and buf.staleness_hist == {0: 2}
+
+
+def test_waiting_keys_survive_take_and_restore():
+    buf = Buffer(max_staleness=4)
+    for key in range(3):
+        buf.admit([traj(0, 1.0, str(key)), traj(0, 0.0, str(key))], trainer_version=0, key=key)
+    buf.take(2, trainer_version=0)
+    assert buf.waiting_keys() == [1, 2]
+    again = Buffer(max_staleness=4)
+    again.restore([(k, [traj(0, 1.0), traj(0, 0.0)]) for k in buf.waiting_keys()])
+    assert again.waiting_keys() == [1, 2] and len(again) == 4 and again.counters["admitted"] == 0

@@ -65,3 +65,10 @@ def test_resolved_config_saved_as_json(tmp_path):
     path = save_config(cfg, tmp_path)
     again = FlywheelConfig.model_validate_json(path.read_text())
     assert again == cfg
+
+
+def test_config_reference_doc_is_current():
+    from flywheel.config import reference_markdown
+
+    assert (ROOT / "docs" / "config.md").read_text().strip() == reference_markdown().strip(), \
+        "regenerate with: python -m flywheel.config > docs/config.md"

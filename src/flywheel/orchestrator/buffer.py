@@ -29,13 +29,14 @@ class Buffer:
         self.max_staleness = max_staleness
         self.drop_uniform_groups = drop_uniform_groups
         self._groups: deque[list[Trajectory]] = deque()
+        self._keys: dict[int, object] = {}  # id(group) -> caller's key (e.g. its index in a log)
         self.counters: Counter[str] = Counter()
         self.staleness_hist: Counter[int] = Counter()  # staleness of trained groups
 
     def __len__(self) -> int:
         return sum(len(g) for g in self._groups)
 
-    def admit(self, group: list[Trajectory], trainer_version: int) -> str:
+    def admit(self, group: list[Trajectory], trainer_version: int, key: object = None) -> str:
         failed = [t for t in group if t.env_failure is not None or t.reward is None]
         group = [t for t in group if t.env_failure is None and t.reward is not None]
         self.counters["env_failures"] += len(failed)
@@ -49,6 +50,7 @@ class Buffer:
             self.counters["dropped_uniform"] += len(group)
             return "uniform"
         self._groups.append(group)
+        self._keys[id(group)] = key
         self.counters["admitted"] += len(group)
         return "admitted"
 
@@ -58,6 +60,7 @@ class Buffer:
         for group in self._groups:
             if group_staleness(group, trainer_version) > self.max_staleness:
                 self.counters["dropped_stale"] += len(group)
+                self._keys.pop(id(group), None)
             else:
                 fresh.append(group)
         self._groups = fresh
@@ -66,13 +69,17 @@ class Buffer:
         batch: list[Trajectory] = []
         while len(batch) < num_trajectories:
             group = self._groups.popleft()
+            self._keys.pop(id(group), None)
             self.staleness_hist[group_staleness(group, trainer_version)] += 1
             batch.extend(group)
         return batch
 
-    def groups(self) -> list[list[Trajectory]]:
-        """The waiting groups (for checkpoints)."""
-        return [list(g) for g in self._groups]
+    def waiting_keys(self) -> list[object]:
+        """Keys of the groups still waiting, oldest first (a checkpoint records them)."""
+        return [self._keys.get(id(g)) for g in self._groups]
 
-    def restore(self, groups: list[list[Trajectory]]) -> None:
-        self._groups.extend(groups)
+    def restore(self, entries: list[tuple[object, list[Trajectory]]]) -> None:
+        """Put (key, group) entries back, e.g. after a resume; they are not re-counted as admitted."""
+        for key, group in entries:
+            self._groups.append(group)
+            self._keys[id(group)] = key

@@ -1,0 +1,204 @@
+"""The RL loop, trainer side: admit groups, step whenever a batch is ready, publish, log, checkpoint.
+
+    summary = run_rl(cfg, run_dir, base_model_dir, tokenizer_dir, train_tasks, resume=False)
+
+`mode = "async"`: the inference nodes never stop producing; the buffer admits groups whose staleness is
+at most `max_staleness` and drops the rest; the trainer steps as soon as it holds `batch_size`
+trajectories. `mode = "sync"`: request exactly a batch at the current version, train, publish, repeat —
+the on-policy baseline. Backends differ only in the rollout source (local processes or Ray actors).
+
+Nothing admitted is lost: every admitted group is appended to `trajectories/admitted.jsonl` before it can
+be trained on, and a checkpoint records which of them were already consumed; `--resume` puts the rest
+back into the buffer. SIGINT/SIGTERM stop the loop after the current step and write a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from flywheel.config import FlywheelConfig
+from flywheel.metrics.log import MetricsLog
+from flywheel.orchestrator.buffer import Buffer
+from flywheel.types import Task, Trajectory
+
+
+class AdmittedLog:
+    """Append-only JSONL of admitted groups, indexed from 0; survives a killed trainer."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.count = sum(1 for _ in self.read())
+        self._file = path.open("a")
+
+    def append(self, group: list[Trajectory]) -> int:
+        index = self.count
+        self._file.write(json.dumps({"index": index, "group": [t.to_dict() for t in group]}) + "\n")
+        self._file.flush()
+        self.count += 1
+        return index
+
+    def read(self):
+        if not self.path.exists():
+            return
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line from a killed writer
+                continue
+            yield row["index"], [Trajectory.from_dict(t) for t in row["group"]]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def batch_metrics(batch: list[Trajectory]) -> dict[str, float]:
+    from flywheel.rollout.evaluate import solved
+
+    rewards = [t.reward.value for t in batch]
+    flags = [f for t in batch for f in t.reward.flags]
+    return {
+        "reward/mean": statistics.fmean(rewards),
+        "rollout/pass_rate": statistics.fmean(float(solved(t)) for t in batch),
+        "rollout/turns": statistics.fmean(t.num_turns for t in batch),
+        "rollout/tool_errors": statistics.fmean(t.num_tool_errors for t in batch),
+        "rollout/sampled_tokens": statistics.fmean(t.meta.get("num_sampled_tokens", 0) for t in batch),
+        "flags/total": float(len(flags)),
+        **{f"flags/{f}": float(flags.count(f)) for f in sorted(set(flags))},
+    }
+
+
+def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_dir: Path, tasks: list[Task], *,
+           resume: bool = False, on_step: Callable[[dict], None] | None = None,
+           stop_event: threading.Event | None = None) -> dict:
+    """Run RL until `cfg.trainer.num_steps` trainer steps; returns the loop's summary figures."""
+    from flywheel.orchestrator.local import LocalRollouts
+    from flywheel.orchestrator.node import NodeSpec
+    from flywheel.policy.model import load_model
+    from flywheel.trainer.train import Trainer
+    from flywheel.weights.store import WeightStore
+    from flywheel.weights.sync import Publisher
+
+    run_dir = Path(run_dir)
+    stop_event = stop_event or threading.Event()
+    sync = cfg.orchestrator.mode == "sync"
+    trainer = Trainer(load_model(base_model_dir, cfg.model.dtype), cfg.trainer, run_dir)
+    buffer = Buffer(max_staleness=0 if sync else cfg.orchestrator.max_staleness)
+    admitted = AdmittedLog(run_dir / "trajectories" / "admitted.jsonl")
+    state = trainer.load_checkpoint() if resume else {}
+    if state:
+        waiting = set(state.get("waiting", [])) | set(range(state.get("num_admitted", 0), admitted.count))
+        buffer.restore([(i, g) for i, g in admitted.read() if i in waiting])
+        buffer.counters.update(state.get("counters", {}))
+    store = WeightStore(cfg.weights.store or str(run_dir / "weights"))
+    publisher = Publisher(store, cfg.weights)
+    if trainer.version == 0 or store.latest_version() is None:
+        publisher.publish(trainer.version, trainer.state_dict_for_publish())
+        publisher.flush()
+    specs = [NodeSpec(config=cfg.model_dump(mode="json"), model_dir=str(base_model_dir), tokenizer_dir=str(tokenizer_dir),
+                      tasks=tasks, store_url=store.url, cache_dir=str(run_dir / "cache" / f"node{n}"), node_id=n,
+                      seed=cfg.seed + 1000 * trainer.version, max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.group_size))
+             for n in range(cfg.orchestrator.num_engines)]
+    source = LocalRollouts(specs, mode=cfg.orchestrator.mode)
+    log = MetricsLog(run_dir, tensorboard=cfg.metrics.tensorboard)
+    groups_per_batch = math.ceil(cfg.trainer.batch_size / cfg.rollout.group_size)
+    outstanding = 0
+    node_stats: dict = {}
+    num_rollouts = num_tokens = 0
+    busy_s = 0.0
+    previous_handlers = _install_stop_handlers(stop_event)
+    source.start()
+    t_start = time.monotonic()
+    try:
+        while trainer.version < cfg.trainer.num_steps and not stop_event.is_set():
+            if sync and outstanding == 0 and len(buffer) < cfg.trainer.batch_size:
+                source.request(groups_per_batch, min_version=trainer.version)
+                outstanding = groups_per_batch
+            msg = source.get(timeout_s=0.5)
+            if msg is not None and msg[0] == "group":
+                _, node_id, group, stats = msg
+                node_stats[node_id] = stats
+                outstanding = max(0, outstanding - 1)
+                num_rollouts += len(group)
+                num_tokens += sum(t.meta.get("num_sampled_tokens", 0) for t in group)
+                if buffer.admit(group, trainer.version, key=admitted.count) == "admitted":
+                    admitted.append(group)
+            batch = buffer.take(cfg.trainer.batch_size, trainer.version)
+            if batch is None:
+                continue
+            staleness = [trainer.version - t.min_version for t in batch if t.min_version >= 0]
+            t0 = time.monotonic()
+            metrics = trainer.step(batch)
+            busy_s += time.monotonic() - t0
+            handle = publisher.publish(trainer.version, trainer.state_dict_for_publish())
+            elapsed = time.monotonic() - t_start
+            record = {"step": trainer.version, **metrics, **batch_metrics(batch),
+                      "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
+                      "staleness/max": max(staleness, default=0),
+                      "trainer/busy": busy_s / elapsed, "time/elapsed_s": elapsed,
+                      "throughput/rollouts_per_s": num_rollouts / elapsed,
+                      "throughput/tokens_per_s_k": num_tokens / elapsed / 1000,
+                      **{f"buffer/{k}": v for k, v in buffer.counters.items()},
+                      **_weights_metrics(publisher, handle), **_node_metrics(node_stats)}
+            log.write(record)
+            if on_step:
+                on_step(record)
+            if cfg.trainer.checkpoint_every and trainer.version % cfg.trainer.checkpoint_every == 0:
+                trainer.save_checkpoint(_loop_state(buffer, admitted))
+    finally:
+        _restore_stop_handlers(previous_handlers)
+        final_stats = source.stop()
+        publisher.flush()
+        trainer.save_checkpoint(_loop_state(buffer, admitted))
+        publisher.close()
+        admitted.close()
+        log.close()
+    elapsed = time.monotonic() - t_start
+    return {"steps": trainer.version, "wall_s": elapsed, "trainer_busy": busy_s / elapsed if elapsed else 0.0,
+            "rollouts": num_rollouts, "interrupted": stop_event.is_set(),
+            "staleness_hist": dict(buffer.staleness_hist), **{f"buffer/{k}": v for k, v in buffer.counters.items()},
+            **_node_metrics({0: final_stats} if final_stats else node_stats)}
+
+
+def _loop_state(buffer: Buffer, admitted: AdmittedLog) -> dict:
+    return {"num_admitted": admitted.count, "waiting": buffer.waiting_keys(),
+            "counters": dict(buffer.counters)}
+
+
+def _weights_metrics(publisher, handle) -> dict[str, float]:
+    info = getattr(publisher, "last_metrics", None)
+    info = info() if callable(info) else (info or {})
+    return {f"weights/{k}": v for k, v in info.items() if isinstance(v, (int, float))}
+
+
+def _node_metrics(node_stats: dict) -> dict[str, float]:
+    out: dict[str, list[float]] = {}
+    for stats in node_stats.values():
+        for k, v in stats.items():
+            if isinstance(v, (int, float)):
+                out.setdefault(k, []).append(float(v))
+    return {k: statistics.fmean(v) for k, v in out.items()}
+
+
+def _install_stop_handlers(stop_event: threading.Event):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        if stop_event.is_set():
+            raise KeyboardInterrupt
+        stop_event.set()  # finish the current step, checkpoint, exit
+
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_stop_handlers(previous) -> None:
+    for s, h in (previous or {}).items():
+        signal.signal(s, h)

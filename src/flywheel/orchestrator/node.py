@@ -1,0 +1,123 @@
+"""An inference node: one engine, its rollout workers and its weight subscriber.
+
+    node = InferenceNode(spec)           # loads tokenizer, model, tasks; starts the engine
+    await node.produce(emit, stop)        # async mode: groups flow out until `stop` is set
+    groups = await node.generate(num_groups=4, min_version=3)   # sync mode: exactly these, on-policy
+
+Why a plain class: the local backend runs it in a child process (orchestrator/local.py) and the Ray backend
+wraps the very same class as an actor. Weights reach the node only through the weight store: the
+subscriber polls the store, verifies every chunk and hot-swaps the engine between decode steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from flywheel.config import FlywheelConfig
+from flywheel.types import Task, Trajectory
+
+
+@dataclass
+class NodeSpec:
+    """Everything a node needs, picklable (it crosses a process boundary)."""
+
+    config: dict  # FlywheelConfig.model_dump()
+    model_dir: str  # the base model the node starts from (version 0)
+    tokenizer_dir: str
+    tasks: list[Task]
+    store_url: str
+    cache_dir: str  # materialised task workspaces
+    node_id: int = 0
+    seed: int = 0
+    num_threads: int = 1
+    max_groups_in_flight: int = 4
+    extra: dict = field(default_factory=dict)
+
+
+class InferenceNode:
+    def __init__(self, spec: NodeSpec):
+        import torch
+
+        from flywheel.envs.env import CodingEnv
+        from flywheel.envs.tools import TOOLS
+        from flywheel.inference.local import LocalEngine
+        from flywheel.policy.chat import ChatFormat
+        from flywheel.policy.model import load_model
+        from flywheel.policy.tokenizer import load_tokenizer
+        from flywheel.rollout.worker import RolloutWorker
+        from flywheel.weights.sync import Subscriber
+        from flywheel.weights.store import WeightStore
+
+        if spec.num_threads:
+            torch.set_num_threads(spec.num_threads)
+        self.spec = spec
+        self.cfg = FlywheelConfig.model_validate(spec.config)
+        self.tokenizer = load_tokenizer(spec.tokenizer_dir)
+        self.chat = ChatFormat(self.tokenizer, TOOLS)
+        model = load_model(spec.model_dir, self.cfg.model.dtype)
+        self.engine = LocalEngine(model, max_batch_size=self.cfg.inference.max_batch_size, tokenizer=self.tokenizer)
+        self.subscriber = Subscriber(WeightStore(spec.store_url), self.engine)
+        env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
+        self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind), self.cfg.rollout)
+        self.rng = random.Random(spec.seed * 7919 + spec.node_id)
+        self.num_groups = 0
+        self.t_start = time.monotonic()
+
+    async def start(self) -> None:
+        """Start the engine's decode loop inside the running event loop."""
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.stop()
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def next_task(self) -> Task:
+        return self.rng.choice(self.spec.tasks)
+
+    async def _group(self, min_version: int | None = None) -> list[Trajectory]:
+        task = self.next_task()
+        self.num_groups += 1
+        gid = f"n{self.spec.node_id}/g{self.num_groups}/{task.id}"
+        return await self.worker.run_group(task, group_id=gid, seed=self.rng.randrange(1 << 30))
+
+    def sync_weights(self) -> int | None:
+        """Pull the newest version from the store, if any; returns it (None when already current)."""
+        return self.subscriber.poll()
+
+    async def produce(self, emit: Callable[[list[Trajectory]], None], stop: asyncio.Event) -> None:
+        """Async mode: keep `max_groups_in_flight` groups running; emit each as it completes."""
+        in_flight: set[asyncio.Task] = set()
+        while not stop.is_set():
+            await asyncio.to_thread(self.sync_weights)
+            while len(in_flight) < self.spec.max_groups_in_flight:
+                in_flight.add(asyncio.ensure_future(self._group()))
+            done, in_flight = await asyncio.wait(in_flight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                emit(fut.result())
+        for fut in in_flight:
+            fut.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def generate(self, num_groups: int, min_version: int, timeout_s: float = 600.0) -> list[list[Trajectory]]:
+        """Sync mode: wait until the engine serves `min_version`, then run `num_groups` groups on it."""
+        deadline = time.monotonic() + timeout_s
+        while self.engine.version < min_version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weights version {min_version} did not reach node {self.spec.node_id}")
+            if await asyncio.to_thread(self.sync_weights) is None:
+                await asyncio.sleep(0.05)
+        return list(await asyncio.gather(*[self._group(min_version) for _ in range(num_groups)]))
+
+    def stats(self) -> dict:
+        s = dict(getattr(self.engine, "stats", lambda: {})())
+        s.update({f"rollout/{k}": v for k, v in self.worker.counters.items()})
+        s["node/version"] = self.engine.version
+        return s
