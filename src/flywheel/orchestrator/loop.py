@@ -160,6 +160,10 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         publisher.close()
         admitted.close()
         log.close()
+    if not stop_event.is_set():
+        from flywheel.policy.model import save_model
+
+        save_model(trainer.model, run_dir / "final_model")
     elapsed = time.monotonic() - t_start
     return {"steps": trainer.version, "wall_s": elapsed, "trainer_busy": busy_s / elapsed if elapsed else 0.0,
             "rollouts": num_rollouts, "interrupted": stop_event.is_set(),

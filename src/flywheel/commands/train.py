@@ -1,0 +1,36 @@
+"""Train a policy with RL: `flywheel train CONFIG [--resume] [--section.key VALUE ...]`.
+
+Stages (each skipped when its output is already in run_dir): tasks and tokenizer, mid-training (unless
+model.path names a base policy), held-out eval, RL (orchestrator.mode async or sync), eval, report.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run RL from a config (mid-training first unless model.path is set)"
+ACCEPTS_OVERRIDES = True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="TOML config file")
+    p.add_argument("--resume", action="store_true", help="continue the run in run_dir from its last checkpoint")
+    p.add_argument("--fresh", action="store_true", help="delete an existing run_dir first")
+
+
+def start(config: str, overrides: list[str], *, resume: bool, fresh: bool) -> int:
+    import shutil
+    from pathlib import Path
+
+    from flywheel.config import load_config
+    from flywheel.pipeline.job import run_job
+
+    cfg = load_config(config, overrides)
+    if fresh and Path(cfg.run_dir).exists():
+        shutil.rmtree(cfg.run_dir)
+    summary = run_job(cfg, resume=resume)
+    return 0 if summary.get("rl", {}).get("interrupted") is not True else 130
+
+
+def run(args: argparse.Namespace) -> int:
+    return start(args.config, args.overrides, resume=args.resume, fresh=args.fresh)

@@ -1,0 +1,112 @@
+"""The main job: tasks and tokenizer → mid-training → eval → asynchronous RL → eval → report.
+
+    flywheel demo                              # configs/demo.toml, what `make demo` runs
+    flywheel train configs/demo.toml --trainer.num_steps 40
+    flywheel train configs/demo.toml --resume  # after Ctrl-C: continues from the last checkpoint
+
+Every stage writes its result into the run directory and is skipped when that result is already there,
+so an interrupted run resumes where it stopped (RL from its checkpoint, with the admitted trajectories
+it had not trained on yet). `summary.json` holds `pass1_before` and `pass1_after`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from flywheel.config import FlywheelConfig, save_config
+
+
+class Progress:
+    """A thin wrapper over rich's progress bars: one bar per stage, updated from callbacks."""
+
+    def __init__(self, enabled: bool = True):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+        self.console = Console()
+        self._bars = RichProgress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
+                                  disable=not enabled)
+        self._ids: dict[str, int] = {}
+
+    def __enter__(self):
+        self._bars.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bars.__exit__(*exc)
+
+    def update(self, stage: str, done: int, total: int | None = None, info: str = "") -> None:
+        if stage not in self._ids:
+            self._ids[stage] = self._bars.add_task(stage, total=total, info=info)
+        self._bars.update(self._ids[stage], completed=done, total=total, info=info)
+
+    def log(self, text: str) -> None:
+        self.console.print(text)
+
+
+def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = True) -> dict:
+    from flywheel.metrics.report import write_report
+    from flywheel.orchestrator.loop import run_rl
+    from flywheel.pipeline.evaluation import evaluate_model
+    from flywheel.pipeline.midtrain import midtrain
+    from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
+
+    run_dir = Path(cfg.run_dir)
+    if not resume and (run_dir / "checkpoints").exists():
+        raise ValueError(f"run directory '{run_dir}' already holds a run; pass --resume to continue it "
+                         f"or choose another --run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir)
+    summary_path = run_dir / "summary.json"
+    summary: dict = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    t0 = time.monotonic()
+
+    def save_summary() -> None:
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+
+    with Progress(show_progress) as progress:
+        train_tasks, heldout = prepare_tasks(cfg, run_dir)
+        tokenizer = prepare_tokenizer(cfg, run_dir, train_tasks)
+        progress.log(f"tasks: {len(train_tasks)} train, {len(heldout)} held-out; vocab {len(tokenizer)}")
+        base = Path(cfg.model.path) if cfg.model.path else midtrain(
+            cfg, run_dir, tokenizer, train_tasks, on_progress=lambda s, i, n: progress.update(s, i, n))
+        cache = run_dir / "cache" / "eval"
+
+        def evaluate(name: str, model_dir: Path) -> float:
+            rows: list[dict] = []
+
+            def done(row: dict) -> None:
+                rows.append(row)
+                solved = sum(r["correct"] > 0 for r in rows)
+                progress.update(f"eval {name}", len(rows), len(heldout), f"solved {solved}")
+
+            res = evaluate_model(cfg, model_dir, tokenizer, heldout, cache, run_dir / f"eval_{name}.jsonl", done)
+            progress.log(f"held-out pass@1 {name}: {res.pass_at[1]:.3f}")
+            return res.pass_at[1]
+
+        if "pass1_before" not in summary:
+            summary["pass1_before"] = evaluate("before", base)
+            save_summary()
+
+        def on_step(rec: dict) -> None:
+            progress.update("RL", rec["step"], cfg.trainer.num_steps,
+                            f"reward {rec['reward/mean']:.2f} pass {rec['rollout/pass_rate']:.2f} "
+                            f"stale {rec['staleness/mean']:.1f}")
+
+        rl = run_rl(cfg, run_dir, base, run_dir / "tokenizer" if not cfg.tokenizer.path else Path(cfg.tokenizer.path),
+                    train_tasks, resume=resume, on_step=on_step)
+        summary["rl"] = rl
+        save_summary()
+        if rl["interrupted"]:
+            progress.log(f"stopped at step {rl['steps']}; continue with --resume")
+            return summary
+        summary["pass1_after"] = evaluate("after", run_dir / "final_model")
+        summary["pass1_gain"] = summary["pass1_after"] - summary["pass1_before"]
+        summary["wall_s"] = summary.get("wall_s", 0.0) + time.monotonic() - t0
+        save_summary()
+        report = write_report(run_dir)
+        progress.log(f"pass@1 before {summary['pass1_before']:.3f} → after {summary['pass1_after']:.3f}; report: {report}")
+    return summary

@@ -1,0 +1,55 @@
+"""Mid-training: build the policy and teach it the harness on agent transcripts.
+
+    flywheel midtrain configs/demo.toml          # writes <run_dir>/base_model
+
+Next-token training (loss on the assistant's tokens only) over scripted sessions solving training tasks
+through the real tools (pipeline/transcripts.py), imperfect and failed attempts mixed in. The result is
+the base policy RL starts from; it is saved as a plain HF checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from flywheel.config import FlywheelConfig
+from flywheel.types import Task
+
+
+def env_factory(cfg: FlywheelConfig, run_dir: Path):
+    from flywheel.envs.env import CodingEnv
+
+    cache = run_dir / "cache" / "main"
+    return lambda: CodingEnv(cfg.env, cache, cfg.env.sandbox)
+
+
+def chat_format(tokenizer):
+    from flywheel.envs.tools import TOOLS
+    from flywheel.policy.chat import ChatFormat
+
+    return ChatFormat(tokenizer, TOOLS)
+
+
+def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
+             on_progress: Callable[[str, int, int], None] | None = None) -> Path:
+    """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
+    from flywheel.pipeline.transcripts import make_transcripts
+    from flywheel.policy.model import build_model, save_model
+    from flywheel.trainer.sft import sft_train
+
+    out = run_dir / "base_model"
+    if (out / "config.json").exists():
+        return out
+    chat = chat_format(tokenizer)
+    n = cfg.midtrain.num_transcripts
+    examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
+                                on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
+    model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    if examples:
+        sft_train(model, examples, lr=cfg.midtrain.lr, num_epochs=cfg.midtrain.num_epochs,
+                  batch_tokens=cfg.midtrain.batch_tokens, seed=cfg.midtrain.seed,
+                  on_step=(lambda i, total, loss: on_progress("midtrain", i, total)) if on_progress else None)
+    save_model(model, out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,70 @@
+"""Prepare a run: its task sets and its tokenizer, cached in the run directory.
+
+    train, heldout = prepare_tasks(cfg, run_dir)
+    tokenizer = prepare_tokenizer(cfg, run_dir, train)
+
+Tasks come from `cfg.tasks` / `cfg.eval_tasks` (any format `load_tasks` reads) or, when those are empty,
+from the synthetic generator (train and held-out splits never share a function). Broken tasks in a file
+are reported by id and skipped. The tokenizer is trained on the standard-library corpus plus the task
+texts, so code, statements and tool calls tokenize compactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flywheel.config import FlywheelConfig
+from flywheel.types import Task
+
+
+def _load_or_synth(path: str, out: Path, n: int, split: str, cfg: FlywheelConfig, seed: int) -> list[Task]:
+    from flywheel.envs.synth import generate_tasks
+    from flywheel.envs.tasks import load_tasks, save_tasks
+
+    if path:
+        loaded = load_tasks(path)
+        for err in loaded.errors:
+            print(f"skipping task {err.task_id or '?'} (line {err.line}): {err.reason}")
+        if not loaded.tasks:
+            raise ValueError(f"task file '{path}' holds no usable task")
+        return loaded.tasks
+    if out.exists():
+        return load_tasks(out).tasks
+    diffs = cfg.synth.difficulties
+    tasks: list[Task] = []
+    for i, d in enumerate(diffs):  # an equal share per difficulty level
+        share = n // len(diffs) + (1 if i < n % len(diffs) else 0)
+        tasks += generate_tasks(share, seed=seed + 101 * i, split=split, difficulty=d)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_tasks(tasks, out)
+    return tasks
+
+
+def prepare_tasks(cfg: FlywheelConfig, run_dir: Path) -> tuple[list[Task], list[Task]]:
+    train = _load_or_synth(cfg.tasks, run_dir / "tasks" / "train.jsonl", cfg.synth.num_train, "train", cfg, cfg.seed)
+    heldout = _load_or_synth(cfg.eval_tasks, run_dir / "tasks" / "heldout.jsonl", cfg.synth.num_heldout, "heldout",
+                             cfg, cfg.seed + 1)
+    return train, heldout[: cfg.eval.num_tasks]
+
+
+def task_corpus(tasks: list[Task]):
+    for t in tasks:
+        yield t.problem
+        yield from t.files.values()
+
+
+def prepare_tokenizer(cfg: FlywheelConfig, run_dir: Path, tasks: list[Task]):
+    """Load `tokenizer.path`, or train one on the default corpus plus task texts (cached in run_dir)."""
+    import itertools
+
+    from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer
+
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path)
+    out = run_dir / "tokenizer"
+    if (out / "tokenizer.json").exists():
+        return load_tokenizer(out)
+    corpus = itertools.chain(default_corpus(), task_corpus(tasks))
+    tok = train_tokenizer(corpus, cfg.tokenizer.vocab_size, cfg.tokenizer.min_frequency)
+    save_tokenizer(tok, out)
+    return tok

@@ -1,0 +1,106 @@
+"""Agent transcripts for mid-training: scripted sessions run through the real harness and sandbox.
+
+    examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory)    # [(token_ids, loss_mask), ...]
+
+Each transcript is a real session: the scripted actions (the task's known fix, applied with the tools)
+execute in a real sandbox and the observations are what the tools returned. Rendering follows the agent
+loop exactly (prompt, then per turn: assistant tokens with loss mask 1, observation tokens with mask 0),
+so mid-training teaches precisely the format RL samples in. A share of transcripts is imperfect (a detour:
+an edit whose old text does not match, or an extra look at the tests, then the fix) and a share fails (the
+session submits a wrong fix or none) — the base policy is meant to be decent, not perfect, so RL has
+something to sharpen.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from flywheel.config import MidtrainConfig
+from flywheel.types import Message, Task, ToolCall
+
+
+def _corrupt(text: str, rng: random.Random) -> str:
+    """A near miss of `text` (one character changed), as a sloppy model would type it."""
+    if not text:
+        return "?"
+    i = rng.randrange(len(text))
+    return text[:i] + ("_" if text[i] != "_" else "-") + text[i + 1:]
+
+
+def scripted_actions(task: Task, kind: str, rng: random.Random) -> list[ToolCall]:
+    """Tool calls for a session of `kind`: 'oracle', 'detour' or 'failed'."""
+    from flywheel.envs.synth import oracle_actions
+
+    calls = oracle_actions(task)
+    edit = next((i for i, c in enumerate(calls) if c.name == "str_replace"), None)
+    if kind == "detour" and edit is not None:
+        miss = calls[edit].arguments
+        wrong = ToolCall("str_replace", {"path": miss["path"], "old": _corrupt(miss["old"], rng), "new": miss["new"]})
+        detour = [wrong] if rng.random() < 0.5 else [ToolCall("run_tests", {})]
+        calls = calls[:edit] + detour + calls[edit:]
+    elif kind == "failed" and edit is not None:
+        if rng.random() < 0.5:
+            calls = calls[:edit] + calls[edit + 1:]  # gives up without editing
+        else:
+            args = dict(calls[edit].arguments)
+            args["new"] = _corrupt(args["new"], rng)  # a wrong fix
+            calls = calls[:edit] + [ToolCall("str_replace", args)] + calls[edit + 1:]
+    return calls
+
+
+def run_script(env, task: Task, calls: list[ToolCall]) -> list[Message]:
+    """Execute `calls` one per turn in `env`; the conversation as messages (assistant turns included)."""
+    messages = list(env.reset(task))
+    for call in calls:
+        messages.append(Message(role="assistant", content="", tool_calls=[call]))
+        obs, done = env.step([call])
+        if done:
+            break
+        messages.extend(obs)
+    return messages
+
+
+def render_transcript(chat, messages: list[Message]) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask exactly as the agent loop would have produced them."""
+    head = 2  # system, user
+    ids = list(chat.render(messages[:head]))
+    mask = [0] * len(ids)
+    i = head
+    while i < len(messages):
+        msg = messages[i]
+        assert msg.role == "assistant", f"expected an assistant turn at {i}, got {msg.role}"
+        a = chat.assistant_tokens(msg)
+        ids += a
+        mask += [1] * len(a)
+        j = i + 1
+        while j < len(messages) and messages[j].role != "assistant":
+            j += 1
+        if j > i + 1:
+            obs = chat.render_observation(messages[i + 1:j])
+            ids += obs
+            mask += [0] * len(obs)
+        i = j
+    return ids, mask
+
+
+def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: Callable[[], object],
+                     on_progress: Callable[[int], None] | None = None) -> list[tuple[list[int], list[int]]]:
+    rng = random.Random(cfg.seed)
+    examples = []
+    pool = [t for t in tasks if t.solution]
+    if not pool:
+        raise ValueError("mid-training needs tasks with a known `solution` (synthetic tasks have one)")
+    for n in range(cfg.num_transcripts):
+        task = pool[n % len(pool)] if n < len(pool) else rng.choice(pool)
+        u = rng.random()
+        kind = "failed" if u < cfg.failed_fraction else "detour" if u < cfg.failed_fraction + cfg.imperfect_fraction else "oracle"
+        env = env_factory()
+        try:
+            messages = run_script(env, task, scripted_actions(task, kind, rng))
+        finally:
+            env.close()
+        examples.append(render_transcript(chat, messages))
+        if on_progress:
+            on_progress(n + 1)
+    return examples
