@@ -4,7 +4,7 @@
 
 The engine reports the log-prob of each sampled token under the distribution it sampled from
 (logits / temperature, then top-p renormalised). With top_p = 1 the two agree up to floating-point
-reduction order (batch composition, KV-cache vs full forward); docs/numerics.md gives the measured
+reduction order (batch composition, KV-cache vs full forward); docs/inference.md gives the measured
 tolerance. Differentiable: the trainer calls it inside autograd.
 """
 

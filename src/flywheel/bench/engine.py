@@ -1,0 +1,185 @@
+"""Benchmark the local inference engine against Hugging Face on the `small` preset: `flywheel bench engine`.
+
+    flywheel bench engine --out benchmarks/results/engine.json [--quick]
+
+Everything in one run, greedy sampling for every contender:
+(a) agent workload: 64 sessions (seeded prompt lengths 50-500, output lengths 10-256 forced with
+    max_new_tokens and no stop) arriving together; engine wall time vs HF `generate()` on the same requests
+    in static batches of 32 (left-padded, each batch waiting for its longest member);
+(b) raw decode tokens/s at batch 1, 8, 32: engine vs a plain HF forward loop with its KV cache vs
+    `generate()` (decode time = time for N tokens minus time for 1, so prefill is excluded);
+(c) time to first token (alone and under the workload) and the swap pause: ms between the end of the
+    last decode step on the old weights and the start of the first step on the new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import threading
+import time
+
+import torch
+
+from flywheel.config import ModelConfig
+from flywheel.inference.local import LocalEngine
+from flywheel.policy.model import build_model, num_parameters
+from flywheel.types import SamplingParams
+
+GREEDY = dict(temperature=0.0)
+
+
+def _requests(num, prompt_range, out_range, seed=0):
+    rng = random.Random(seed)
+    return [([rng.randrange(2048) for _ in range(rng.randint(*prompt_range))], rng.randint(*out_range))
+            for _ in range(num)]
+
+
+async def _engine_workload(engine, reqs):
+    t0 = time.perf_counter()
+    gens = await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=n, **GREEDY)) for p, n in reqs))
+    wall_s = time.perf_counter() - t0
+    assert all(len(g.token_ids) == n for g, (_, n) in zip(gens, reqs))
+    return wall_s, [g.ttft_s for g in gens]
+
+
+@torch.inference_mode()
+def _hf_generate_workload(model, reqs, batch_size):
+    t0 = time.perf_counter()
+    for i in range(0, len(reqs), batch_size):
+        batch = reqs[i:i + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        n = max(n for _, n in batch)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0)
+        assert out.shape[1] == width + n
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def _hf_forward_decode_s(model, batch, prompt_len, num_tokens):
+    ids = torch.randint(0, 2048, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+    out = model(input_ids=ids, use_cache=True)
+    past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    t0 = time.perf_counter()
+    for _ in range(num_tokens - 1):
+        out = model(input_ids=nxt, cache=past, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def _hf_generate_decode_s(model, batch, prompt_len, num_tokens):
+    ids = torch.randint(0, 2048, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+
+    def gen(n):
+        t0 = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t0
+
+    return gen(num_tokens) - gen(1)
+
+
+async def _engine_decode_tok_s(engine, batch, prompt_len, num_tokens):
+    ids = torch.randint(0, 2048, (batch, prompt_len), generator=torch.Generator().manual_seed(1)).tolist()
+    engine.step_log.clear()
+    await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=num_tokens, **GREEDY)) for p in ids))
+    steps = [s for s in engine.step_log if s[3] == batch and s[4] == 0]  # full-batch steps without prefill
+    assert len(steps) >= num_tokens // 2, len(steps)
+    return batch * len(steps) / sum(end - start for start, end, *_ in steps)
+
+
+async def _swap_pause(engine, new_weights, prompt_len, num_tokens):
+    ids = torch.randint(0, 2048, (8, prompt_len), generator=torch.Generator().manual_seed(2)).tolist()
+    engine.step_log.clear()
+    old = engine.version
+    tasks = [asyncio.create_task(engine.generate(p, SamplingParams(max_new_tokens=num_tokens, **GREEDY)))
+             for p in ids]
+    while len(engine.step_log) < num_tokens // 4:
+        await asyncio.sleep(0.001)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(ms=engine.update_weights(old + 1, new_weights)))
+    thread.start()
+    await asyncio.to_thread(thread.join)
+    gens = await asyncio.gather(*tasks)
+    assert all(old in g.versions and old + 1 in g.versions for g in gens), "swap landed after the requests"
+    log = list(engine.step_log)
+    last_old = max(end for _, end, v, *_ in log if v == old)
+    first_new = min(start for start, _, v, *_ in log if v == old + 1)
+    step_ms = statistics.median(end - start for start, end, _, n, _ in log if n > 0) * 1000
+    return (first_new - last_old) * 1000, result["ms"], step_ms
+
+
+def run(args) -> dict:
+    quick = bool(getattr(args, "quick", False))
+    if quick:
+        num_sessions, prompt_range, out_range, hf_batch = 16, (20, 100), (5, 40), 8
+        decode_prompt, decode_tokens, repeats = 64, 12, 1
+    else:
+        num_sessions, prompt_range, out_range, hf_batch = 64, (50, 500), (10, 256), 32
+        decode_prompt, decode_tokens, repeats = 128, 64, 3
+    model = build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048)
+    reqs = _requests(num_sessions, prompt_range, out_range)
+    gen = torch.Generator().manual_seed(3)
+    new_weights = {n: (p + 0.01 * torch.randn(p.shape, generator=gen)).contiguous()
+                   for n, p in model.state_dict().items()}
+    result = {"config": {"preset": "small", "vocab_size": 2048, "num_parameters": num_parameters(model),
+                         "num_sessions": num_sessions, "prompt_range": prompt_range, "out_range": out_range,
+                         "hf_static_batch": hf_batch, "decode_prompt_len": decode_prompt,
+                         "decode_tokens": decode_tokens, "repeats": repeats, "quick": quick,
+                         "torch_threads": torch.get_num_threads()}}
+
+    async def engine_part():
+        out = {}
+        async with LocalEngine(model, max_batch_size=64) as engine:
+            await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))  # warm-up
+            walls, ttfts = [], []
+            for _ in range(1 if not quick else repeats):  # the workload is long: once in the full run
+                wall_s, ttft = await _engine_workload(engine, reqs)
+                walls.append(wall_s)
+                ttfts.extend(ttft)
+            out["workload_wall_s"] = statistics.median(walls)
+            out["workload_ttft_median_s"] = statistics.median(ttfts)
+            out["workload_ttft_p90_s"] = sorted(ttfts)[int(0.9 * len(ttfts))]
+            for b in (1, 8, 32):
+                rates = [await _engine_decode_tok_s(engine, b, decode_prompt, decode_tokens) for _ in range(repeats)]
+                out[f"decode_b{b}_tok_s"] = statistics.median(rates)
+            ttft_alone = []
+            for i in range(max(3, repeats)):
+                g = await engine.generate(_requests(1, (256, 256), (1, 1), seed=100 + i)[0][0],
+                                          SamplingParams(max_new_tokens=1))
+                ttft_alone.append(g.ttft_s)
+            out["ttft_alone_256_ms"] = statistics.median(ttft_alone) * 1000
+            swaps = [await _swap_pause(engine, new_weights, decode_prompt, 4 * decode_tokens) for _ in range(max(3, repeats))]
+            out["swap_pause_ms"] = statistics.median(s[0] for s in swaps)
+            out["swap_lock_held_ms"] = statistics.median(s[1] for s in swaps)
+            out["swap_decode_step_ms"] = statistics.median(s[2] for s in swaps)
+        return out
+
+    eng = asyncio.run(engine_part())
+    model.load_state_dict(build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048).state_dict())
+    hf_walls = [_hf_generate_workload(model, reqs, hf_batch)]
+    hf = {"workload_wall_s": statistics.median(hf_walls)}
+    for b in (1, 8, 32):
+        fwd = statistics.median(_hf_forward_decode_s(model, b, decode_prompt, decode_tokens) for _ in range(repeats))
+        gen_s = statistics.median(_hf_generate_decode_s(model, b, decode_prompt, decode_tokens) for _ in range(repeats))
+        hf[f"forward_decode_b{b}_tok_s"] = b * (decode_tokens - 1) / fwd
+        hf[f"generate_decode_b{b}_tok_s"] = b * (decode_tokens - 1) / gen_s
+    result["engine"], result["hf"] = eng, hf
+    result["summary"] = {
+        "workload_speedup_vs_hf": hf["workload_wall_s"] / eng["workload_wall_s"],
+        "decode_b32_vs_hf_forward": eng["decode_b32_tok_s"] / hf["forward_decode_b32_tok_s"],
+        "swap_pause_ms": eng["swap_pause_ms"],
+        "engine_workload_wall_s": eng["workload_wall_s"],
+        "hf_generate_workload_wall_s": hf["workload_wall_s"],
+        "decode_tok_s": {f"b{b}": {"engine": eng[f"decode_b{b}_tok_s"], "hf_forward": hf[f"forward_decode_b{b}_tok_s"],
+                                   "hf_generate": hf[f"generate_decode_b{b}_tok_s"]} for b in (1, 8, 32)},
+        "ttft_alone_256_ms": eng["ttft_alone_256_ms"],
+        "workload_ttft_median_s": eng["workload_ttft_median_s"],
+        "targets": {"workload_speedup_vs_hf": ">= 2.5", "decode_b32_vs_hf_forward": ">= 1.2", "swap_pause_ms": "<= 50"},
+    }
+    return result

@@ -1,0 +1,317 @@
+"""The local inference engine: many concurrent asyncio sessions, one decode thread, continuous batching.
+
+    async with LocalEngine(model, tokenizer=tok) as engine:        # or: await engine.start() ... stop()
+        gen = await engine.generate(prompt_ids, SamplingParams(temperature=1.0, max_new_tokens=128))
+    engine.update_weights(version, state_dict_tensors)               # from any thread; returns pause_ms
+
+Why a thread: torch forward calls block, so a dedicated decode thread owns the model and batches the
+requests; the event loop stays free for the agent sessions and results come back through futures
+resolved with `loop.call_soon_threadsafe`. Between decode steps new requests are prefilled (within a
+`max_prefill_tokens` budget) and join the running batch; finished ones leave. Qwen3 / Qwen3-MoE use the
+native runner (inference/qwen3.py: no padding, per-sequence KV caches, batch-invariant matmuls); other
+architectures use the HF forward one sequence at a time (inference/hf_runner.py).
+
+Weight swaps: `update_weights` validates every name/shape/dtype and copies the tensors *before* taking the
+step lock, then swaps parameter `.data` pointers under it (microseconds). Every token records the version
+whose weights ran the forward that produced it. Stop strings need a tokenizer; the token that completes
+a stop string or is a stop token is kept in the output (token-exact trajectories keep what was sampled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from flywheel.inference import qwen3
+from flywheel.inference.hf_runner import HFRunner
+from flywheel.inference.sampling import sample_token
+from flywheel.types import Generation, SamplingParams
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    generator: torch.Generator
+    limit: int  # tokens this request may generate (max_new_tokens clamped to the context)
+    stop_ids: frozenset[int]
+    t_submit: float
+    cache: Any = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    routed: list[list[list[int]]] = field(default_factory=list)
+    ttft_s: float = 0.0
+    finish_reason: str | None = None
+
+
+def _resolve(future: asyncio.Future, value: Any) -> None:
+    if future.done():  # cancelled by the caller meanwhile
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)
+
+
+class LocalEngine:
+    """Implements flywheel.inference.base.Engine on a local torch model (CPU or one GPU)."""
+
+    def __init__(self, model, *, max_batch_size: int = 64, max_seq_len: int | None = None,
+                 tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_seq_len = int(max_seq_len or model.config.max_position_embeddings)
+        self.vocab_size = int(model.config.vocab_size)
+        self.is_native = qwen3.supports(model)
+        self.runner = (qwen3.Qwen3Runner(model, self.max_seq_len) if self.is_native
+                       else HFRunner(model, self.max_seq_len))
+        self.is_moe = bool(getattr(self.runner, "is_moe", False))
+        eos = getattr(model.config, "eos_token_id", None)
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self._version = int(version)
+        self._params = dict(model.state_dict(keep_vars=True))  # name -> Parameter/buffer (tied names alias)
+        self._step_lock = threading.Lock()  # held for each prefill/decode step and for a weight swap
+        self._cond = threading.Condition()  # guards _pending/_paused/_stopping, wakes the decode thread
+        self._pending: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._paused = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # step log for benchmarks: (t_start_s, t_end_s, version, num_decode_rows, num_prefills); bounded
+        self.step_log: deque[tuple[float, float, int, int, int]] = deque(maxlen=100_000)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        self._ensure_thread()
+
+    async def stop(self) -> None:
+        """Stop the decode thread; requests still queued or running finish with reason 'aborted'."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+        with self._cond:
+            leftover = list(self._pending) + self._running
+            self._pending.clear()
+            self._running = []
+            self._stopping = False
+        for r in leftover:
+            r.finish_reason = "aborted"
+            r.loop.call_soon_threadsafe(_resolve, r.future, self._generation(r))
+
+    async def __aenter__(self) -> LocalEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    def _ensure_thread(self) -> None:
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="flywheel-decode", daemon=True)
+                self._thread.start()
+
+    def pause(self) -> None:
+        """No step starts after this returns (waits for a step in progress); requests stay queued."""
+        with self._cond:
+            self._paused = True
+        with self._step_lock:
+            pass
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    # ---- requests ----------------------------------------------------------------------------------
+
+    def _validate(self, prompt_ids: list[int], sp: SamplingParams) -> None:
+        if not isinstance(sp, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sp).__name__}")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; give at least one token")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_ids):
+            bad = next(t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size))
+            raise ValueError(f"prompt token {bad!r} is not an int in [0, {self.vocab_size})")
+        if len(prompt_ids) >= self.max_seq_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_seq_len} "
+                             f"tokens (it needs room for at least one generated token); shorten the prompt")
+        if not sp.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sp.temperature}")
+        if not 0 < sp.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {sp.top_p}")
+        if sp.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {sp.max_new_tokens}")
+        if sp.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: pass tokenizer= to LocalEngine or use stop_token_ids")
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        prompt_ids = list(prompt_ids)
+        self._validate(prompt_ids, sampling)
+        loop = asyncio.get_running_loop()
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        req = _Request(prompt_ids=prompt_ids, params=sampling, loop=loop, future=loop.create_future(),
+                       generator=gen, limit=min(sampling.max_new_tokens, self.max_seq_len - len(prompt_ids)),
+                       stop_ids=frozenset(sampling.stop_token_ids) | self.eos_ids, t_submit=time.perf_counter())
+        self._ensure_thread()
+        with self._cond:
+            self._pending.append(req)
+            self._cond.notify_all()
+        return await req.future
+
+    # ---- weights -----------------------------------------------------------------------------------
+
+    def update_weights(self, version: int, tensors: Mapping[str, Any]) -> float:
+        """Install `tensors` (state-dict names; a subset is fine) as `version`. Returns the pause in ms.
+
+        Everything is validated and copied before decoding is held; a rejected update raises ValueError
+        (or TypeError) naming the tensor and leaves the engine serving its previous version."""
+        if not isinstance(tensors, Mapping) or not tensors:
+            raise ValueError("update_weights needs a non-empty mapping of state-dict name -> tensor")
+        prepared = []
+        for name, t in tensors.items():
+            if name not in self._params:
+                near = [n for n in self._params if n.split(".")[-2:] == str(name).split(".")[-2:]][:3]
+                raise ValueError(f"weight update: unknown tensor '{name}' (not in the model's state dict"
+                                 + (f"; did you mean {near}?)" if near else ")"))
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"weight update: '{name}' is a {type(t).__name__}, expected a torch.Tensor")
+            cur = self._params[name]
+            if tuple(t.shape) != tuple(cur.shape):
+                raise ValueError(f"weight update: '{name}' has shape {tuple(t.shape)}, the model expects "
+                                 f"{tuple(cur.shape)}")
+            if t.dtype != cur.dtype:
+                raise ValueError(f"weight update: '{name}' has dtype {t.dtype}, the model expects {cur.dtype}")
+            prepared.append((cur, t.detach().to(device=cur.device, copy=True).contiguous()))
+        with self._step_lock:
+            t0 = time.perf_counter()
+            for cur, new in prepared:
+                cur.data = new
+            self._version = int(version)
+            pause_ms = (time.perf_counter() - t0) * 1000.0
+        return pause_ms
+
+    # ---- the decode thread -------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (self._paused or (not self._pending and not self._running)):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                admitted = self._admit()
+            try:
+                with self._step_lock:
+                    t0 = time.perf_counter()
+                    version = self._version
+                    for r in admitted:
+                        self._prefill(r, version)
+                    decoding = [r for r in self._running if r.finish_reason is None and not r.future.cancelled()]
+                    if decoding:
+                        self._decode(decoding, version)
+                    self.step_log.append((t0, time.perf_counter(), version, len(decoding), len(admitted)))
+            except Exception as exc:  # a failed step fails its requests, never the engine
+                failed = admitted + self._running
+                self._running = []
+                for r in failed:
+                    r.loop.call_soon_threadsafe(_resolve, r.future, exc)
+                continue
+            self._retire()
+
+    def _admit(self) -> list[_Request]:
+        """Pop pending requests that fit the batch and the prefill token budget (at least one)."""
+        admitted, budget = [], self.max_prefill_tokens
+        while self._pending and len(self._running) + len(admitted) < self.max_batch_size:
+            r = self._pending[0]
+            if r.future.cancelled():
+                self._pending.popleft()
+                continue
+            if admitted and len(r.prompt_ids) > budget:
+                break
+            budget -= len(r.prompt_ids)
+            admitted.append(self._pending.popleft())
+        return admitted
+
+    def _prefill(self, r: _Request, version: int) -> None:
+        r.cache = self.runner.new_cache(len(r.prompt_ids) + r.limit)
+        logits, routed = self.runner.prefill(r.prompt_ids, r.cache)
+        self._append(r, logits, None if routed is None else routed.tolist(), version)
+        r.ttft_s = time.perf_counter() - r.t_submit
+        self._running.append(r)
+
+    def _decode(self, rows: list[_Request], version: int) -> None:
+        logits, routed = self.runner.decode([r.token_ids[-1] for r in rows], [r.cache for r in rows])
+        routed_l = None if routed is None else routed.tolist()
+        for i, r in enumerate(rows):
+            self._append(r, logits[i], None if routed_l is None else routed_l[i], version)
+
+    def _append(self, r: _Request, logits: torch.Tensor, routed, version: int) -> None:
+        sp = r.params
+        token, lp = sample_token(logits, sp.temperature, sp.top_p, r.generator)
+        r.token_ids.append(token)
+        r.logprobs.append(lp)
+        r.versions.append(version)
+        if routed is not None:
+            r.routed.append(routed)
+        if token in r.stop_ids or (sp.stop and self._hit_stop_string(r)):
+            r.finish_reason = "stop"
+        elif len(r.token_ids) >= r.limit:
+            r.finish_reason = "length"
+
+    def _hit_stop_string(self, r: _Request) -> bool:
+        window = max(16, 4 * max(len(s) for s in r.params.stop))
+        text = self.tokenizer.decode(r.token_ids[-window:])
+        tail = len(self.tokenizer.decode(r.token_ids[-1:])) + max(len(s) for s in r.params.stop)
+        return any(s in text[-tail:] for s in r.params.stop)
+
+    def _retire(self) -> None:
+        keep = []
+        for r in self._running:
+            if r.future.cancelled():
+                continue
+            if r.finish_reason is None:
+                keep.append(r)
+                continue
+            r.cache = None  # free the KV cache now
+            r.loop.call_soon_threadsafe(_resolve, r.future, self._generation(r))
+        self._running = keep
+
+    def _generation(self, r: _Request) -> Generation:
+        return Generation(token_ids=list(r.token_ids), logprobs=list(r.logprobs), versions=list(r.versions),
+                          routed_experts=list(r.routed) if self.is_moe else None,
+                          finish_reason=r.finish_reason or "aborted", prompt_len=len(r.prompt_ids),
+                          ttft_s=r.ttft_s)
+
+
+def build_engine(cfg, model, tokenizer=None) -> LocalEngine:
+    """An engine from an InferenceConfig. Only `type = "local"` builds here (remote lives in remote.py)."""
+    if cfg.type != "local":
+        raise ValueError(f"build_engine builds inference.type = 'local'; got '{cfg.type}' (use the remote client)")
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)  # explicit user request; process-wide in torch
+    return LocalEngine(model, max_batch_size=cfg.max_batch_size, max_prefill_tokens=cfg.max_prefill_tokens,
+                       tokenizer=tokenizer)
