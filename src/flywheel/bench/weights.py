@@ -1,0 +1,253 @@
+"""Weight-sync benchmark: `flywheel bench weights --out FILE [--quick]`.
+
+Checkpoints: the `small` preset trained with torch.optim.AdamW (fp32 master weights) on next-token
+loss over random token batches, bf16 snapshots after a few warm-up steps, at lr 1e-6, 3e-6, 1e-5.
+(Switch `make_checkpoints` to flywheel's Trainer once it lands; the versions look the same: bf16
+casts of fp32 masters moved by Adam.) For consecutive versions and a lag of 4 it measures changed
+fraction, bytes per changed element, ratio to raw bf16, and in the same run zstd of the new weights,
+zstd of old XOR new and zipnn of the new weights; encode/decode GB/s on one core; bit-exactness.
+End to end: publish -> an origin server -> one relay with a bandwidth cap -> 1, 4, 16 subscriber
+processes, each installing into a real transformers model; latency from `publish` to "engine serves
+it" (p50/p99) and the engine pause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import zstandard
+
+from flywheel.config import ModelConfig
+
+
+class ModelReceiver:
+    """A minimal real engine side: a transformers model whose parameters are swapped under a lock."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.params = dict(model.named_parameters())
+        self.lock = threading.Lock()
+        self.version = -1
+
+    def update_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> float:
+        if set(tensors) != set(self.params):
+            raise ValueError(f"update names {len(tensors)} tensors, the model has {len(self.params)} parameters")
+        for name, p in self.params.items():
+            t = tensors[name]
+            if t.shape != p.shape or t.dtype != p.dtype:
+                raise ValueError(f"'{name}' is {t.dtype}{tuple(t.shape)}, model wants {p.dtype}{tuple(p.shape)}")
+        t0 = time.perf_counter()
+        with self.lock, torch.no_grad():  # decoding would hold this lock between steps
+            for name, p in self.params.items():
+                p.copy_(tensors[name])
+            self.version = version
+        return (time.perf_counter() - t0) * 1e3
+
+
+def make_checkpoints(lr: float, num_warmup: int, num_versions: int, preset: str = "small",
+                     batch: int = 4, seq: int = 64, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    from flywheel.policy.model import build_model
+
+    model = build_model(ModelConfig(preset=preset), vocab_size=2048)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for step in range(num_warmup + num_versions):
+        ids = torch.randint(0, 2048, (batch, seq), generator=gen)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= num_warmup:
+            out.append({k: v.detach().to(torch.bfloat16, copy=True) for k, v in model.named_parameters()})
+    return out
+
+
+def _flat(sd: Mapping[str, torch.Tensor]) -> np.ndarray:
+    from flywheel.weights.tensors import to_bits
+
+    return np.concatenate([to_bits(t) for t in sd.values()])
+
+
+def _codec_figures(old: np.ndarray, new: np.ndarray, chunk_bytes: int, zipnn_obj: Any) -> dict:
+    from flywheel.weights.tensors import decode_tensor, encode_tensor
+
+    enc_s = dec_s = float("inf")
+    for _ in range(3):  # best of 3: the machine is shared, the first call pays page faults
+        t0 = time.perf_counter()
+        blobs = encode_tensor(new, old, chunk_bytes, 3)
+        enc_s = min(enc_s, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out = decode_tensor(blobs, old, new.shape[0], 2, chunk_bytes // 2)
+        dec_s = min(dec_s, time.perf_counter() - t0)
+    nbytes = sum(len(b) for b in blobs)
+    changed = int(np.count_nonzero(new != old))
+    z = zstandard.ZstdCompressor(level=3)
+    r = {"changed_fraction": changed / new.shape[0], "bytes": nbytes,
+         "bytes_per_changed": nbytes / max(changed, 1), "ratio": nbytes / new.nbytes,
+         "zstd_new_ratio": len(z.compress(new.tobytes())) / new.nbytes,
+         "zstd_xor_ratio": len(z.compress((new ^ old).tobytes())) / new.nbytes,
+         "encode_gbps": new.nbytes / enc_s / 1e9, "decode_gbps": new.nbytes / dec_s / 1e9,
+         "bit_exact": bool(np.array_equal(out, new))}
+    if zipnn_obj is not None:
+        r["zipnn_ratio"] = len(zipnn_obj.compress(new.tobytes())) / new.nbytes
+    return r
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else float("nan")
+
+
+def codec_bench(quick: bool) -> dict:
+    try:
+        import zipnn
+
+        zobj = zipnn.ZipNN(bytearray_dtype="bfloat16", threads=1)
+    except ImportError:
+        zobj = None
+    lrs = [1e-6, 3e-6, 1e-5]
+    preset = "tiny" if quick else "small"
+    num_versions = 5 if quick else 6
+    threads = torch.get_num_threads()
+    results: dict[str, Any] = {}
+    for lr in lrs:
+        torch.set_num_threads(threads)
+        snaps = make_checkpoints(lr, num_warmup=3, num_versions=num_versions, preset=preset)
+        flat = [_flat(s) for s in snaps]
+        torch.set_num_threads(1)  # encode/decode on one core
+        consec = [_codec_figures(flat[i - 1], flat[i], 4 << 20, zobj) for i in range(1, len(flat))]
+        lag4 = [_codec_figures(flat[i - 4], flat[i], 4 << 20, zobj) for i in range(4, len(flat))]
+        results[f"lr{lr:.0e}".replace("e-0", "e-")] = {
+            "num_params": int(flat[0].shape[0]), "consecutive": consec, "lag4": lag4,
+            "median_consecutive": {k: _median([c[k] for c in consec]) for k in consec[0] if k != "bit_exact"},
+            "median_lag4": {k: _median([c[k] for c in lag4]) for k in lag4[0] if k != "bit_exact"},
+            "bit_exact": all(c["bit_exact"] for c in consec + lag4)}
+    torch.set_num_threads(threads)
+    return results
+
+
+# ---------------------------------------------------------------- end to end
+
+def _worker(url: str, preset: str) -> None:
+    """Subscriber process: a real model behind a Subscriber; prints one JSON line per installed version."""
+    from flywheel.policy.model import build_model
+    from flywheel.weights.sync import Subscriber
+
+    torch.set_num_threads(1)
+    model = build_model(ModelConfig(preset=preset, dtype="bfloat16"), vocab_size=2048)
+    sub = Subscriber(url, ModelReceiver(model), streams=8, num_threads=1)
+    print(json.dumps({"ready": True}), flush=True)
+    while True:
+        v = sub.poll()
+        if v is not None:
+            m = sub.metrics[-1]
+            print(json.dumps({"version": v, "t": time.time(), "pause_ms": m["pause_ms"], "fetch_ms": m["fetch_ms"],
+                              "apply_ms": m["apply_ms"], "path": m["path"], "bytes": m["bytes_fetched"]}), flush=True)
+        else:
+            time.sleep(0.02)
+
+
+def e2e_bench(snaps: list[dict[str, torch.Tensor]], num_subs: int, preset: str, bandwidth_mbps: float) -> dict:
+    from flywheel.weights.relay import RelayServer
+    from flywheel.weights.sync import Publisher
+
+    d = tempfile.mkdtemp(prefix="fw-weights-")
+    origin = RelayServer(store=d)
+    relay = RelayServer(upstream=origin.start(), bandwidth_mbps=bandwidth_mbps, streams=8)
+    url = relay.start()
+    pub = Publisher(d, anchor_every=100, chunk_mb=1.0, num_threads=1)
+    pub.publish(0, snaps[0]).result()
+    procs = [subprocess.Popen([sys.executable, "-m", "flywheel.bench.weights", "worker", url, preset],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+             for _ in range(num_subs)]
+    seen: dict[int, list[dict]] = {}
+    lock = threading.Lock()
+
+    def reader(p: subprocess.Popen) -> None:
+        for line in p.stdout:  # type: ignore[union-attr]
+            rec = json.loads(line)
+            if "version" in rec:
+                with lock:
+                    seen.setdefault(rec["version"], []).append(rec)
+
+    threads = [threading.Thread(target=reader, args=(p,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+
+    def wait(v: int, timeout_s: float) -> None:
+        end = time.time() + timeout_s
+        while time.time() < end:
+            with lock:
+                if len(seen.get(v, [])) >= num_subs:
+                    return
+            time.sleep(0.01)
+        raise TimeoutError(f"only {len(seen.get(v, []))}/{num_subs} subscribers reached v{v}")
+
+    latencies, pauses, fetches = [], [], []
+    try:
+        wait(0, 600)
+        for v in range(1, len(snaps)):
+            t_pub = time.time()
+            pub.publish(v, snaps[v])
+            wait(v, 120)
+            for rec in seen[v]:
+                latencies.append((rec["t"] - t_pub) * 1e3)
+                pauses.append(rec["pause_ms"])
+                fetches.append(rec["fetch_ms"])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        pub.close()
+        relay.stop()
+        origin.stop()
+    return {"num_subscribers": num_subs, "bandwidth_mbps": bandwidth_mbps, "num_versions": len(snaps) - 1,
+            "sync_ms_p50": float(np.percentile(latencies, 50)), "sync_ms_p99": float(np.percentile(latencies, 99)),
+            "pause_ms_p50": float(np.percentile(pauses, 50)), "pause_ms_p99": float(np.percentile(pauses, 99)),
+            "fetch_ms_p50": float(np.percentile(fetches, 50)), "relay_stats": relay.stats,
+            "publisher": pub.metrics}
+
+
+def run(args: Any) -> dict:
+    quick = bool(getattr(args, "quick", False))
+    codec = codec_bench(quick)
+    preset = "tiny" if quick else "small"
+    snaps = make_checkpoints(1e-6, num_warmup=3, num_versions=4, preset=preset)
+    e2e = {n: e2e_bench(snaps, n, preset, bandwidth_mbps=100.0) for n in ([1, 2] if quick else [1, 4, 16])}
+    key = "lr1e-6"
+    med = codec[key]["median_consecutive"]
+    top = max(e2e)
+    summary = {
+        "preset": preset, "num_params": codec[key]["num_params"],
+        "changed_fraction_lr1e-6": med["changed_fraction"],
+        "bytes_per_changed_lr1e-6": med["bytes_per_changed"], "ratio_lr1e-6": med["ratio"],
+        "zstd_new_ratio_lr1e-6": med["zstd_new_ratio"], "zstd_xor_ratio_lr1e-6": med["zstd_xor_ratio"],
+        "zipnn_ratio_lr1e-6": med.get("zipnn_ratio"),
+        "encode_gbps_1core": _median([c[k]["median_consecutive"]["encode_gbps"] for c in [codec] for k in c]),
+        "decode_gbps_1core": _median([c[k]["median_consecutive"]["decode_gbps"] for c in [codec] for k in c]),
+        "bit_exact": all(v["bit_exact"] for v in codec.values()),
+        "pause_ms_p50": e2e[top]["pause_ms_p50"],
+        f"sync_ms_p50_{top}subs": e2e[top]["sync_ms_p50"], f"sync_ms_p99_{top}subs": e2e[top]["sync_ms_p99"],
+    }
+    for lr in codec:
+        summary[f"bytes_per_changed_{lr}"] = codec[lr]["median_consecutive"]["bytes_per_changed"]
+        summary[f"bytes_per_changed_lag4_{lr}"] = codec[lr]["median_lag4"]["bytes_per_changed"]
+        summary[f"changed_fraction_{lr}"] = codec[lr]["median_consecutive"]["changed_fraction"]
+    for n, r in e2e.items():
+        summary[f"sync_ms_p50_{n}subs"] = r["sync_ms_p50"]
+    return {"summary": summary, "codec": codec, "e2e": {str(k): v for k, v in e2e.items()}}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "worker":
+        _worker(sys.argv[2], sys.argv[3])

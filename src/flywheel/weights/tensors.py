@@ -1,0 +1,95 @@
+"""Tensors <-> raw-bit numpy views, and whole-tensor encode/decode over parallel chunks.
+
+    bits = to_bits(t)                                   # 1-D unsigned view of t's raw bytes (no copy)
+    parts = encode_tensor(bits, old_bits, chunk_bytes, level, pool)   # [(blob, start, stop), ...]
+    t2 = from_bits(decode_tensor(blobs, old_bits, n, itemsize, chunk_elems, pool), "bfloat16", shape)
+
+Why raw bits: the codec works on the integer view of each dtype, so NaN payloads, -0.0 and
+subnormals round-trip exactly and fp8 works wherever torch has it. The hash is sha256 of the raw
+little-endian bytes, the bit-exactness check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import Executor
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from flywheel.weights.codec import chunk_ranges, decode_chunk, encode_chunk
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_SIGNED = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+                 "int8", "uint8", "int16", "int32", "int64", "bool")
+    if hasattr(torch, name)
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise TypeError(f"tensor dtype {dtype} is not supported by the weight codec; use one of {sorted(DTYPES)}")
+    return name
+
+
+def to_bits(t: torch.Tensor) -> np.ndarray:
+    """1-D unsigned numpy view of a CPU tensor's raw bytes (copies only if not contiguous)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    dtype_name(t.dtype)
+    t = t.detach().contiguous().reshape(-1)
+    if t.device.type != "cpu":
+        t = t.cpu()
+    size = t.element_size()
+    return t.view(_TORCH_INT[size]).numpy().view(_UINT[size])
+
+
+def from_bits(bits: np.ndarray, dtype: str, shape: Sequence[int]) -> torch.Tensor:
+    """The tensor whose raw bytes are `bits` (shares memory)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype '{dtype}' is not one of {sorted(DTYPES)}")
+    size = bits.dtype.itemsize
+    return torch.from_numpy(bits.view(_SIGNED[size])).view(DTYPES[dtype]).reshape(tuple(shape))
+
+
+def bits_hash(bits: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(bits)).cast("B")).hexdigest()
+
+
+def encode_tensor(new: np.ndarray, old: np.ndarray | None, chunk_bytes: int, level: int,
+                  pool: Executor | None = None) -> list[bytes]:
+    """Encoded chunks of `new` against `old` (or as an anchor), in order."""
+    ranges = chunk_ranges(new.shape[0], new.dtype.itemsize, chunk_bytes)
+
+    def one(r: tuple[int, int]) -> bytes:
+        return encode_chunk(new[r[0]:r[1]], None if old is None else old[r[0]:r[1]], level)
+
+    return list(pool.map(one, ranges)) if pool is not None and len(ranges) > 1 else [one(r) for r in ranges]
+
+
+def decode_tensor(blobs: Sequence[bytes], old: np.ndarray | None, num_elements: int, itemsize: int,
+                  chunk_elems: int, pool: Executor | None = None) -> np.ndarray:
+    """Rebuild a tensor's bits from its chunks (into a new array; `old` is never written)."""
+    out = np.empty(num_elements, _UINT[itemsize])
+    if old is not None and old.shape != out.shape:
+        raise ValueError(f"delta for {num_elements} elements cannot apply to a base of {old.shape[0]}")
+    ranges = chunk_ranges(num_elements, itemsize, chunk_elems * itemsize)
+    if len(ranges) != len(blobs):
+        raise ValueError(f"tensor of {num_elements} elements needs {len(ranges)} chunks, manifest lists {len(blobs)}")
+
+    def one(i: int) -> None:
+        s, e = ranges[i]
+        decode_chunk(blobs[i], None if old is None else old[s:e], out[s:e])
+
+    if pool is not None and len(ranges) > 1:
+        list(pool.map(one, range(len(ranges))))
+    else:
+        for i in range(len(ranges)):
+            one(i)
+    return out
