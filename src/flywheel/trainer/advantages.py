@@ -1,0 +1,76 @@
+"""Group-relative advantages: GRPO and Dr.GRPO, pure functions of rewards and group ids.
+
+    adv = compute_advantages([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"], "grpo")   # tensor [4]
+
+Every session of one task (a *group*, `Trajectory.group_id`) is scored against its siblings:
+
+* GRPO (DeepSeekMath): A_i = (r_i - mean_g) / (std_g + eps). The std is the unbiased sample std
+  (Bessel's correction), as TRL and verl compute it; a group of one has no baseline and gets A = 0.
+* Dr.GRPO (Liu et al., "Understanding R1-Zero-like training"): A_i = r_i - mean_g, no std division,
+  which removes the question-difficulty bias. Its other half, no per-sequence length normalisation,
+  is the loss aggregation `token_sum` in losses.py (set `trainer.aggregation = "token_sum"`).
+
+A group whose rewards are all equal has A = 0 for every member under both estimators: it carries no
+learning signal and only its KL term (if any) contributes.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import torch
+
+ADVANTAGE_KINDS = ("grpo", "drgrpo")
+
+
+def _as_rewards(rewards) -> torch.Tensor:
+    r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
+    if not torch.isfinite(r).all():
+        raise ValueError(f"rewards must be finite numbers; got {r.tolist()}")
+    return r
+
+
+def _group_index(group_ids: Sequence[Hashable], n: int) -> torch.Tensor:
+    if len(group_ids) != n:
+        raise ValueError(f"got {n} rewards but {len(group_ids)} group ids; pass one group id per trajectory")
+    index: dict[Hashable, int] = {}
+    return torch.tensor([index.setdefault(g, len(index)) for g in group_ids], dtype=torch.long)
+
+
+def _group_stats(r: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-element group mean, unbiased group std and group size (float64)."""
+    num_groups = int(idx.max()) + 1 if idx.numel() else 0
+    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, torch.ones_like(r))
+    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, r)
+    mean = (total / count)[idx]
+    sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, (r - mean) ** 2)
+    var = sq / (count - 1).clamp(min=1)
+    return mean, var.sqrt()[idx], count[idx]
+
+
+def grpo_advantages(rewards, group_ids: Sequence[Hashable], eps: float = 1e-6) -> torch.Tensor:
+    """(r - group mean) / (group std + eps); float32 [N]. Singleton groups get 0."""
+    r = _as_rewards(rewards)
+    if r.numel() == 0:
+        return torch.zeros(0)
+    mean, std, count = _group_stats(r, _group_index(group_ids, r.numel()))
+    adv = (r - mean) / (std + eps)
+    return torch.where(count > 1, adv, torch.zeros_like(adv)).float()
+
+
+def drgrpo_advantages(rewards, group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """r - group mean (no std normalisation); float32 [N]. Singleton groups get 0."""
+    r = _as_rewards(rewards)
+    if r.numel() == 0:
+        return torch.zeros(0)
+    mean, _, count = _group_stats(r, _group_index(group_ids, r.numel()))
+    return torch.where(count > 1, r - mean, torch.zeros_like(r)).float()
+
+
+def compute_advantages(rewards, group_ids: Sequence[Hashable], kind: str = "grpo") -> torch.Tensor:
+    """Dispatch on `kind` ("grpo" or "drgrpo", `trainer.advantage`)."""
+    if kind == "grpo":
+        return grpo_advantages(rewards, group_ids)
+    if kind == "drgrpo":
+        return drgrpo_advantages(rewards, group_ids)
+    raise ValueError(f"unknown advantage estimator '{kind}'; choose one of {list(ADVANTAGE_KINDS)}")

@@ -1,0 +1,340 @@
+"""The Trainer: one optimizer step per batch of trajectories, checkpoints, exact resume.
+
+    trainer = Trainer(model, cfg.trainer, run_dir=Path("runs/x"))
+    metrics = trainer.step(trajectories)          # loss, grad_norm, mismatch/k3, router_agreement, ...
+    engine.update_weights(trainer.version, trainer.state_dict_for_publish())
+    path = trainer.save_checkpoint({"buffer": ..., "tasks_seen": 123})
+    trainer, extra = Trainer.resume(Path("runs/x"), model_factory)   # the next step is bit-identical
+
+A step (algorithm-blind; the algorithm lives in advantages.py and losses.py):
+
+1. Advantages per trajectory (GRPO / Dr.GRPO over `group_id`); every segment of a trajectory is a row
+   sharing its advantage. Trajectories without a reward, broken outside the policy (`env_failure`) or
+   malformed are skipped and counted (`num_skipped`), never fatal.
+2. Rows are packed into micro-batches whose padded size stays within `micro_batch_tokens` (longest
+   first, so padding is small; a row longer than the budget gets a micro-batch of its own).
+3. Old log-probs are recomputed under the current weights (no grad) - for MoE with the sampler's
+   routed experts replayed (replay.py). Against the sampler's log-probs they give the off-policy
+   weights (TIS / MIS / IcePop) and the mismatch metrics (mismatch.py), computed over the whole batch
+   so that sequence-level weights and the aggregation denominators are global.
+4. Forward with grad per micro-batch, loss scaled by the global denominators, backward (gradients
+   accumulate), then global-norm clipping and one AdamW step. bf16 uses autocast over fp32 master
+   weights and fp32 optimizer state.
+
+Checkpoints: with `extra_state_fn` (returns the orchestrator's JSON state) the trainer saves itself
+every `checkpoint_every` steps; without it the caller saves when `checkpoint_due()` says so, passing
+its state to `save_checkpoint` (orchestrator/loop.py does that).
+
+Routed experts: `Segment.routed_experts[i]` is taken as the routing of the forward that produced token
+i, i.e. of input position i-1 (what an engine records at the decode step that samples token i); it is
+replayed at that position. Positions without a record use the trainer's own routing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from flywheel.config import TrainerConfig
+from flywheel.policy.logprobs import logprobs_from_logits
+from flywheel.policy.model import is_moe
+from flywheel.trainer import checkpoint as ckpt
+from flywheel.trainer.advantages import compute_advantages
+from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
+from flywheel.trainer.mismatch import mismatch_metrics
+from flywheel.trainer.replay import moe_routers, router_replay
+from flywheel.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+REPLAY_SHIFT = 1  # routed_experts[i] is replayed at input position i - REPLAY_SHIFT
+
+
+@dataclass
+class Row:
+    """One segment, target-aligned: position j predicts input_ids[j + 1]."""
+
+    seq: int  # index of its trajectory in the batch (sequence id for seq-level IS and seq_mean)
+    input_ids: list[int]  # [L]
+    mask: list[int]  # [L - 1]
+    sampler_logprobs: list[float]  # [L - 1]
+    routed_experts: list | None  # [L] of [layers][k] or [] (input-aligned after the shift), None if none
+
+
+def validate_trajectory(traj: Trajectory) -> str | None:
+    """Why a trajectory cannot be trained on, or None when it can."""
+    if traj.reward is None:
+        return "it has no reward"
+    if traj.env_failure:
+        return f"it broke outside the policy ({traj.env_failure})"
+    for i, s in enumerate(traj.segments):
+        n = len(s.token_ids)
+        if len(s.loss_mask) != n or len(s.logprobs) != n:
+            return (f"segment {i} has {n} tokens but {len(s.loss_mask)} mask entries and {len(s.logprobs)} "
+                    f"log-probs; they must be equal")
+        if s.routed_experts is not None and s.routed_experts and len(s.routed_experts) != n:
+            return f"segment {i} has {n} tokens but {len(s.routed_experts)} routed-expert entries"
+    return None
+
+
+def rows_from_trajectories(batch: list[Trajectory]) -> list[Row]:
+    """Flatten trajectories into target-aligned rows (segments without loss tokens are dropped)."""
+    rows = []
+    for seq, traj in enumerate(batch):
+        for s in traj.segments:
+            mask = [1 if m else 0 for m in s.loss_mask[1:]]  # the first token has no prediction
+            if len(s.token_ids) < 2 or not any(mask):
+                continue
+            experts = None
+            if s.routed_experts:
+                experts = [[] for _ in s.token_ids]
+                for i, e in enumerate(s.routed_experts):
+                    if e and s.loss_mask[i] and i - REPLAY_SHIFT >= 0:
+                        experts[i - REPLAY_SHIFT] = e
+            rows.append(Row(seq, list(s.token_ids), mask, [float(x) for x in s.logprobs[1:]], experts))
+    return rows
+
+
+def pack_micro_batches(lengths: list[int], budget_tokens: int) -> list[list[int]]:
+    """Group row indices so each group's padded size (rows x longest) stays within budget_tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class Trainer:
+    """Policy optimisation over batches of trajectories; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, run_dir: Path | None = None, ref_model=None, *,
+                 extra_state_fn: Callable[[], dict[str, Any]] | None = None, pad_token_id: int = 0):
+        if cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError("trainer.kl_coef > 0 needs a reference model (ref_model=...); or set kl_coef = 0")
+        self.model = model
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+        self.extra_state_fn = extra_state_fn
+        self.pad_token_id = pad_token_id
+        self.device = next(model.parameters()).device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
+                                           weight_decay=cfg.weight_decay)
+        self.version = 0
+        self._moe_shape = None
+        if is_moe(model) and cfg.router_replay:
+            routers = moe_routers(model)
+            self._moe_shape = (len(routers), routers[0].top_k) if routers else None
+
+    # ------------------------------------------------------------------ forward helpers
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bfloat16")
+
+    def _collate(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        t = max(len(r.input_ids) for r in rows)
+        ids = torch.full((len(rows), t), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), t), dtype=torch.long)
+        experts = None
+        if self._moe_shape is not None and any(r.routed_experts for r in rows):
+            experts = torch.full((len(rows), t, *self._moe_shape), -1, dtype=torch.long)
+        for b, r in enumerate(rows):
+            n = len(r.input_ids)
+            ids[b, :n] = torch.tensor(r.input_ids)
+            attn[b, :n] = 1
+            if experts is not None and r.routed_experts:
+                for pos, e in enumerate(r.routed_experts):
+                    if e:
+                        if len(e) != self._moe_shape[0] or any(len(k) != self._moe_shape[1] for k in e):
+                            raise ValueError(f"routed experts per token must be [{self._moe_shape[0]} layers][top-"
+                                             f"{self._moe_shape[1]}]; got {[len(k) for k in e]}")
+                        experts[b, pos] = torch.tensor(e)
+        return {"input_ids": ids.to(self.device), "attention_mask": attn.to(self.device), "experts": experts}
+
+    def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool) -> tuple[torch.Tensor, float, int]:
+        """Target log-probs [b, T-1] (fp32) and the router agreement counts of this forward."""
+        with router_replay(model, mb["experts"] if replay else None) as stats, self._autocast():
+            out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
+            lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.cfg.temperature)
+        return lp, stats.num_agree, stats.num_replayed
+
+    @staticmethod
+    def _pad(rows: list[list[float]], t: int) -> torch.Tensor:
+        out = torch.zeros((len(rows), t), dtype=torch.float32)
+        for b, r in enumerate(rows):
+            out[b, :len(r)] = torch.as_tensor(r, dtype=torch.float32)
+        return out
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self, batch: list[Trajectory]) -> dict[str, float]:
+        """One optimizer step over `batch`; returns float metrics (see docs/training.md)."""
+        t0 = time.perf_counter()
+        good, num_skipped = [], 0
+        for traj in batch:
+            why = validate_trajectory(traj)
+            if why is None:
+                good.append(traj)
+            else:
+                num_skipped += 1
+                log.warning("trainer skips trajectory %s of task %s: %s", traj.group_id, traj.task_id, why)
+        rows = rows_from_trajectories(good)
+        if not rows:
+            return {"step_skipped": 1.0, "num_skipped": float(num_skipped), "version": float(self.version)}
+        rewards = [t.reward.value for t in good]
+        advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
+        groups = pack_micro_batches([len(r.input_ids) for r in rows], self.cfg.micro_batch_tokens)
+        micro = [self._collate([rows[i] for i in g]) for g in groups]
+
+        # 1. old (and reference) log-probs under the current weights, no grad
+        t_max = max(len(r.mask) for r in rows)
+        old = torch.zeros((len(rows), t_max))
+        ref = torch.zeros((len(rows), t_max)) if self.cfg.kl_coef > 0 else None
+        num_agree = num_replayed = 0
+        self.model.eval()
+        with torch.no_grad():
+            for g, mb in zip(groups, micro):
+                lp, a, n = self._logprobs(self.model, mb, replay=True)
+                num_agree, num_replayed = num_agree + a, num_replayed + n
+                old[g, :lp.shape[1]] = lp.cpu()
+                if ref is not None:
+                    ref[g, :lp.shape[1]] = self._logprobs(self.ref_model, mb, replay=False)[0].cpu()
+        mask = self._pad([r.mask for r in rows], t_max).bool()
+        sampler = self._pad([r.sampler_logprobs for r in rows], t_max)
+        seq_ids = torch.tensor([r.seq for r in rows])
+        is_w, is_metrics = correction_weights(old, sampler, mask, self.cfg.correction, cap=self.cfg.tis_cap,
+                                              alpha=self.cfg.icepop_alpha, beta=self.cfg.icepop_beta, seq_ids=seq_ids)
+        row_w = aggregation_weights(mask, self.cfg.aggregation, seq_ids, self.cfg.norm_tokens)
+        mism = mismatch_metrics(old, sampler, mask, tis_cap=self.cfg.tis_cap, icepop_alpha=self.cfg.icepop_alpha,
+                                icepop_beta=self.cfg.icepop_beta, seq_ids=seq_ids)
+        row_adv = advantages[seq_ids]
+
+        # 2. forward/backward per micro-batch with global weights, then one optimizer step
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0}
+        for g, mb in zip(groups, micro):
+            lp, _, _ = self._logprobs(self.model, mb, replay=True)
+            tt = lp.shape[1]
+            dev = lambda x: x[g, :tt].to(self.device)  # noqa: E731
+            loss, m = policy_loss(
+                lp, dev(old), dev(sampler), row_adv[g].to(self.device), dev(mask),
+                clip_eps_low=self.cfg.clip_eps_low, clip_eps_high=self.cfg.clip_eps_high,
+                ref_logprobs=dev(ref) if ref is not None else None, kl_coef=self.cfg.kl_coef,
+                is_weights=dev(is_w), row_weights=row_w[g].to(self.device))
+            loss.backward()
+            n = m["num_tokens"]
+            sums["loss"] += m["loss"]
+            sums["pg_loss"] += m["pg_loss"]
+            sums["kl"] += m["kl"] * n
+            sums["clip"] += m["clip_frac"] * n
+            sums["ratio"] += m["ratio_mean"] * n
+        self.model.eval()
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+
+        num_loss_tokens = max(int(mask.sum()), 1)
+        elapsed = time.perf_counter() - t0
+        num_tokens = sum(len(r.input_ids) for r in rows)
+        staleness = [self.version - 1 - t.min_version for t in good if t.min_version >= 0]
+        metrics = {
+            "version": float(self.version),
+            "loss": sums["loss"], "pg_loss": sums["pg_loss"],
+            "kl": sums["kl"] / num_loss_tokens,
+            "clip_frac": sums["clip"] / num_loss_tokens,
+            "ratio_mean": sums["ratio"] / num_loss_tokens,
+            "grad_norm": grad_norm, "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "reward_mean": float(torch.tensor(rewards).float().mean()),
+            "advantage_abs_mean": float(advantages.abs().mean()),
+            "num_trajectories": float(len(good)), "num_skipped": float(num_skipped),
+            "num_rows": float(len(rows)), "num_micro_batches": float(len(groups)),
+            "num_tokens": float(num_tokens), "num_loss_tokens": float(int(mask.sum())),
+            "staleness_mean": float(sum(staleness) / len(staleness)) if staleness else 0.0,
+            "staleness_max": float(max(staleness)) if staleness else 0.0,
+            "step_time_s": elapsed, "tokens_per_s": num_tokens / max(elapsed, 1e-9),
+            **{k: float(v) for k, v in is_metrics.items()},
+            **{f"mismatch/{k}": v for k, v in mism.items()},
+        }
+        if num_replayed:
+            metrics["router_agreement"] = num_agree / num_replayed
+        if not all(map(lambda v: v == v, (metrics["loss"], grad_norm))):
+            log.warning("trainer step %d produced a NaN loss or gradient norm", self.version)
+        if self.extra_state_fn is not None and self.checkpoint_due():
+            self.save_checkpoint(self.extra_state_fn())
+        return metrics
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+        """A detached copy of every state-dict tensor (the model's names), safe to hand to another thread."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def checkpoint_due(self) -> bool:
+        """True after a step that ends a `checkpoint_every` period (and the trainer has a run_dir)."""
+        every = self.cfg.checkpoint_every
+        return self.run_dir is not None and every > 0 and self.version > 0 and self.version % every == 0
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        if self.run_dir is None:
+            raise ValueError("this Trainer has no run_dir; pass run_dir=... to save or load checkpoints")
+        return self.run_dir / "checkpoints"
+
+    def save_checkpoint(self, extra_state: dict[str, Any] | None = None) -> Path:
+        """Write model, optimizer, RNG and `extra_state` (JSON) atomically; returns the checkpoint dir."""
+        path = ckpt.write_checkpoint(self.checkpoint_dir, self.version, self.state_dict_for_publish(),
+                                     self.optimizer.state_dict(),
+                                     trainer_state={"cfg": self.cfg.model_dump(mode="json")}, extra_state=extra_state)
+        ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
+        return path
+
+    def load_checkpoint(self, path: Path | None = None) -> dict[str, Any]:
+        """Restore from `path` (default: the newest in run_dir); returns the orchestrator (extra) state."""
+        path = Path(path) if path is not None else ckpt.latest_checkpoint(self.checkpoint_dir)
+        if path is None:
+            raise ValueError(f"no checkpoint under '{self.checkpoint_dir}'; train first or start a fresh run")
+        state = ckpt.read_checkpoint(path)
+        fit = "; build the model with the run's config"
+        try:
+            missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
+        except RuntimeError as err:  # shape mismatches
+            raise ValueError(f"checkpoint '{path}' does not fit this model: {str(err)[:300]}{fit}") from None
+        if missing or unexpected:
+            raise ValueError(f"checkpoint '{path}' does not fit this model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}{fit}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        ckpt.restore_rng(*state["rng"])
+        self.version = int(state["version"])
+        return state["extra"]
+
+    @classmethod
+    def resume(cls, run_dir: Path, model_factory: Callable[[], torch.nn.Module], cfg: TrainerConfig | None = None,
+               ref_model=None, **kwargs) -> tuple[Trainer, dict[str, Any]]:
+        """A Trainer restored from the newest checkpoint in `run_dir`, and the orchestrator state saved with it.
+
+        `cfg` defaults to the config stored in the checkpoint."""
+        run_dir = Path(run_dir)
+        path = ckpt.latest_checkpoint(run_dir / "checkpoints")
+        if path is None:
+            raise ValueError(f"no checkpoint under '{run_dir / 'checkpoints'}' to resume from")
+        if cfg is None:
+            import json
+
+            cfg = TrainerConfig.model_validate(json.loads((path / "state.json").read_text())["trainer"]["cfg"])
+        trainer = cls(model_factory(), cfg, run_dir=run_dir, ref_model=ref_model, **kwargs)
+        extra = trainer.load_checkpoint(path)
+        return trainer, extra

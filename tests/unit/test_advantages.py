@@ -1,0 +1,45 @@
+"""GRPO and Dr.GRPO advantages against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from flywheel.trainer.advantages import compute_advantages, drgrpo_advantages, grpo_advantages
+
+
+def test_grpo_normalises_by_group_mean_and_unbiased_std():
+    # group a: mean 0.5, unbiased std sqrt(0.5) -> +-0.5/0.70711; group b: all equal -> 0
+    adv = grpo_advantages([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"])
+    expected = [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0, 0.0]
+    assert adv.dtype == torch.float32
+    assert adv.tolist() == pytest.approx(expected, abs=1e-5)
+
+
+def test_grpo_three_members_and_interleaved_groups():
+    # group x = [0, 1, 2]: mean 1, unbiased std 1; group y = [3, 5]: mean 4, std sqrt(2)
+    adv = grpo_advantages([0.0, 3.0, 1.0, 5.0, 2.0], ["x", "y", "x", "y", "x"])
+    assert adv.tolist() == pytest.approx([-1.0, -1 / math.sqrt(2), 0.0, 1 / math.sqrt(2), 1.0], abs=1e-5)
+
+
+def test_drgrpo_subtracts_the_group_mean_only():
+    adv = drgrpo_advantages([1.0, 0.0, 1.0, 1.0, 0.0, 3.0], [0, 0, 1, 1, 2, 2])
+    assert adv.tolist() == pytest.approx([0.5, -0.5, 0.0, 0.0, -1.5, 1.5], abs=1e-6)
+
+
+def test_singleton_groups_get_zero_advantage():
+    assert grpo_advantages([1.0, 0.3], ["a", "b"]).tolist() == [0.0, 0.0]
+    assert drgrpo_advantages([1.0, 0.3], ["a", "b"]).tolist() == [0.0, 0.0]
+
+
+def test_compute_advantages_dispatches_and_rejects_bad_input():
+    r, g = [0.0, 2.0], ["t", "t"]
+    assert compute_advantages(r, g, "drgrpo").tolist() == [-1.0, 1.0]
+    assert compute_advantages(r, g, "grpo").tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], abs=1e-5)
+    with pytest.raises(ValueError, match="choose one of"):
+        compute_advantages(r, g, "ppo")
+    with pytest.raises(ValueError, match="one group id per trajectory"):
+        grpo_advantages([1.0, 2.0, 3.0], ["a", "a"])
+    with pytest.raises(ValueError, match="finite"):
+        drgrpo_advantages([1.0, float("nan")], ["a", "a"])
+    assert grpo_advantages([], []).numel() == 0
