@@ -45,6 +45,8 @@ class TokenizerConfig(Section):
     path: str | None = Field(None, description="local HF tokenizer dir; trained on the fly when unset")
     vocab_size: int = Field(2048, ge=300, le=262_144, description="BPE vocabulary size (tokens)")
     min_frequency: int = Field(2, ge=1, description="minimum pair frequency for a BPE merge")
+    corpus_bytes: int = Field(4_000_000, ge=10_000, le=1_000_000_000,
+                              description="bytes of default corpus to train on when `path` is unset")
 
 
 class InferenceConfig(Section):
@@ -72,6 +74,14 @@ class EnvConfig(Section):
     partial_credit: bool = Field(False, description="reward = fraction of hidden tests passed instead of all-or-nothing")
     cheat_penalty: float = Field(1.0, ge=0, le=10, description="reward subtracted per anti-cheat flag")
     max_tool_calls: int = Field(64, ge=1, le=100_000, description="tool calls above this raise the spam flag")
+    flag_penalties: dict[Literal["tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam"], float] = \
+        Field(default_factory=dict, description="per-flag penalty overriding `cheat_penalty` (reward units, >= 0)")
+    test_weight: float = Field(1.0, ge=0, le=100, description="weight of the hidden-test reward in the total")
+    rubric_weight: float = Field(0.0, ge=0, le=100, description="weight of the LLM-judge rubric score; 0 = no judge")
+    tools: Literal["all", "core"] = Field(
+        "all", description="tools offered: all seven, or 'core' (view, str_replace, run_tests, submit) for tiny models")
+    system_prompt: Literal["compact", "full"] = Field(
+        "compact", description="'compact' (a few tokens, for tiny models) or 'full' (tool guidance, for real models)")
 
 
 class RolloutConfig(Section):
@@ -112,8 +122,6 @@ class TrainerConfig(Section):
     aggregation: Literal["token_mean", "seq_mean", "token_sum"] = Field(
         "token_mean", description="loss aggregation; 'token_sum' divides by a constant (Dr.GRPO, see norm_tokens)")
     norm_tokens: int = Field(1024, ge=1, description="constant divisor per sequence for aggregation 'token_sum' (tokens)")
-    temperature: float = Field(1.0, gt=0, le=10, description="logits temperature of trainer log-probs; set it to "
-                                                              "the sampling temperature (rollout.temperature)")
     keep_checkpoints: int = Field(3, ge=0, description="newest checkpoints kept on disk; 0 = keep all")
     checkpoint_every: int = Field(10, ge=0, description="trainer steps between checkpoints; 0 = only at the end")
     router_replay: bool = Field(True, description="MoE: trainer forward uses the sampler's routed experts")
@@ -159,7 +167,8 @@ class MidtrainConfig(Section):
     imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")
     failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
     lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")
-    num_epochs: float = Field(2.0, gt=0, le=1000, description="passes over the transcripts")
+    num_epochs: int = Field(2, ge=1, le=1000, description="passes over the transcripts")
+    warmup_steps: int = Field(10, ge=0, description="linear learning-rate warmup (optimizer steps)")
     batch_tokens: int = Field(8192, ge=64, description="tokens per optimizer step")
     seed: int = Field(0, ge=0, description="seed for transcript sampling and shuffling")
 

@@ -10,14 +10,6 @@ from flywheel.trainer.sft import SFTParams, lr_at, sft_train
 BOS, EOS = 1, 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def counting_examples():
     """Prompt [BOS, 7, x]; response [x+1, x+2, x+3, EOS] (loss on the response only)."""
     out = []

@@ -18,15 +18,6 @@ from flywheel.types import Reward, Segment, Trajectory
 VOCAB = 64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two shared cores: one torch thread is ~50x faster than two oversubscribed ones here."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny(preset="tiny", seed=0):
     torch.manual_seed(0)
     return build_model(ModelConfig(preset=preset, seed=seed), vocab_size=VOCAB)

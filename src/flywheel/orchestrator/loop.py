@@ -89,7 +89,9 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     run_dir = Path(run_dir)
     stop_event = stop_event or threading.Event()
     sync = cfg.orchestrator.mode == "sync"
-    trainer = Trainer(load_model(base_model_dir, cfg.model.dtype), cfg.trainer, run_dir)
+    model = load_model(base_model_dir, cfg.model.dtype)
+    trainer = Trainer(model, cfg.trainer, run_dir, pad_token_id=model.config.pad_token_id or 0,
+                      temperature=cfg.rollout.temperature or 1.0)
     buffer = Buffer(max_staleness=0 if sync else cfg.orchestrator.max_staleness)
     admitted = AdmittedLog(run_dir / "trajectories" / "admitted.jsonl")
     state = trainer.load_checkpoint() if resume else {}
@@ -98,8 +100,11 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         buffer.restore([(i, g) for i, g in admitted.read() if i in waiting])
         buffer.counters.update(state.get("counters", {}))
     store = WeightStore(cfg.weights.store or str(run_dir / "weights"))
-    publisher = Publisher(store, cfg.weights)
-    if trainer.version == 0 or store.latest_version() is None:
+    latest = store.latest_version()
+    if latest is not None and latest > trainer.version:  # killed after publishing, before checkpointing
+        store.drop_versions_after(trainer.version)
+    publisher = Publisher.from_config(store, cfg.weights)
+    if store.latest_version() is None:
         publisher.publish(trainer.version, trainer.state_dict_for_publish())
         publisher.flush()
     specs = [NodeSpec(config=cfg.model_dump(mode="json"), model_dir=str(base_model_dir), tokenizer_dir=str(tokenizer_dir),
@@ -137,7 +142,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
             t0 = time.monotonic()
             metrics = trainer.step(batch)
             busy_s += time.monotonic() - t0
-            handle = publisher.publish(trainer.version, trainer.state_dict_for_publish())
+            publisher.publish(trainer.version, trainer.state_dict_for_publish())
             elapsed = time.monotonic() - t_start
             record = {"step": trainer.version, **metrics, **batch_metrics(batch),
                       "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
@@ -146,7 +151,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       "throughput/rollouts_per_s": num_rollouts / elapsed,
                       "throughput/tokens_per_s_k": num_tokens / elapsed / 1000,
                       **{f"buffer/{k}": v for k, v in buffer.counters.items()},
-                      **_weights_metrics(publisher, handle), **_node_metrics(node_stats)}
+                      **_weights_metrics(publisher), **_node_metrics(node_stats)}
             log.write(record)
             if on_step:
                 on_step(record)
@@ -176,10 +181,13 @@ def _loop_state(buffer: Buffer, admitted: AdmittedLog) -> dict:
             "counters": dict(buffer.counters)}
 
 
-def _weights_metrics(publisher, handle) -> dict[str, float]:
-    info = getattr(publisher, "last_metrics", None)
-    info = info() if callable(info) else (info or {})
-    return {f"weights/{k}": v for k, v in info.items() if isinstance(v, (int, float))}
+def _weights_metrics(publisher) -> dict[str, float]:
+    """Figures of the newest version the publisher has finished (encoding runs in the background)."""
+    if not publisher.metrics:
+        return {}
+    m = publisher.metrics[-1]
+    return {"weights/bytes_mb": m["bytes_published"] / 1e6, "weights/ratio": m["ratio"],
+            "weights/encode_ms": m["encode_ms"], "weights/changed_fraction": m.get("changed_fraction") or 0.0}
 
 
 def _node_metrics(node_stats: dict) -> dict[str, float]:

@@ -61,12 +61,13 @@ class InferenceNode:
         self.chat = ChatFormat(self.tokenizer, TOOLS)
         model = load_model(spec.model_dir, self.cfg.model.dtype)
         self.engine = LocalEngine(model, max_batch_size=self.cfg.inference.max_batch_size, tokenizer=self.tokenizer)
-        self.subscriber = Subscriber(WeightStore(spec.store_url), self.engine)
+        self.subscriber = Subscriber.from_config(WeightStore(spec.store_url), self.engine, self.cfg.weights)
         env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
         self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind), self.cfg.rollout)
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)
         self.num_groups = 0
         self.t_start = time.monotonic()
+        self._t_perf_start = time.perf_counter()
 
     async def start(self) -> None:
         """Start the engine's decode loop inside the running event loop."""
@@ -117,7 +118,12 @@ class InferenceNode:
         return list(await asyncio.gather(*[self._group(min_version) for _ in range(num_groups)]))
 
     def stats(self) -> dict:
-        s = dict(getattr(self.engine, "stats", lambda: {})())
-        s.update({f"rollout/{k}": v for k, v in self.worker.counters.items()})
-        s["node/version"] = self.engine.version
+        """Engine busy fraction, weight-sync figures of the last installed version, rollout counters."""
+        elapsed = time.monotonic() - self.t_start
+        busy = sum(t1 - t0 for t0, t1, *_ in self.engine.step_log if t0 >= self._t_perf_start)
+        s = {"engine/busy": busy / elapsed if elapsed > 0 else 0.0, "node/version": self.engine.version}
+        if self.subscriber.metrics:
+            m = self.subscriber.metrics[-1]
+            s.update({"weights/pause_ms": m.get("pause_ms", 0.0), "weights/apply_ms": m.get("total_ms", 0.0)})
+        s.update({f"rollout/{k}": float(v) for k, v in self.worker.counters.items()})
         return s

@@ -35,7 +35,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
     from flywheel.pipeline.transcripts import make_transcripts
     from flywheel.policy.model import build_model, save_model
-    from flywheel.trainer.sft import sft_train
+    from flywheel.trainer.sft import SFTParams, sft_train
 
     out = run_dir / "base_model"
     if (out / "config.json").exists():
@@ -47,9 +47,11 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
     if examples:
-        sft_train(model, examples, lr=cfg.midtrain.lr, num_epochs=cfg.midtrain.num_epochs,
-                  batch_tokens=cfg.midtrain.batch_tokens, seed=cfg.midtrain.seed,
-                  on_step=(lambda i, total, loss: on_progress("midtrain", i, total)) if on_progress else None)
+        params = SFTParams(lr=cfg.midtrain.lr, num_epochs=cfg.midtrain.num_epochs, batch_tokens=cfg.midtrain.batch_tokens,
+                           seed=cfg.midtrain.seed, pad_token_id=tokenizer.pad_token_id or 0,
+                           warmup_steps=cfg.midtrain.warmup_steps)
+        sft_train(model, examples, params,
+                  progress=(lambda i, total, m: on_progress("midtrain", i, total)) if on_progress else None)
     save_model(model, out)
     tokenizer.save_pretrained(out)
     return out

@@ -116,7 +116,8 @@ class Trainer:
     """Policy optimisation over batches of trajectories; see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, run_dir: Path | None = None, ref_model=None, *,
-                 extra_state_fn: Callable[[], dict[str, Any]] | None = None, pad_token_id: int = 0):
+                 extra_state_fn: Callable[[], dict[str, Any]] | None = None, pad_token_id: int = 0,
+                 temperature: float = 1.0):
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("trainer.kl_coef > 0 needs a reference model (ref_model=...); or set kl_coef = 0")
         self.model = model
@@ -127,6 +128,7 @@ class Trainer:
             ref_model.eval().requires_grad_(False)
         self.extra_state_fn = extra_state_fn
         self.pad_token_id = pad_token_id
+        self.temperature = temperature  # the sampler's: log-probs must be of the same distribution
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
@@ -166,7 +168,7 @@ class Trainer:
         """Target log-probs [b, T-1] (fp32) and the router agreement counts of this forward."""
         with router_replay(model, mb["experts"] if replay else None) as stats, self._autocast():
             out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
-            lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.cfg.temperature)
+            lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.temperature)
         return lp, stats.num_agree, stats.num_replayed
 
     @staticmethod

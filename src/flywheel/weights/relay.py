@@ -24,7 +24,6 @@ import threading
 import time
 import urllib.parse
 from collections import OrderedDict
-from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 

@@ -146,6 +146,17 @@ class WeightStore:
         except FileNotFoundError:
             raise StoreError(f"chunk {cid[:12]}… is missing from weight store '{self.url}'") from None
 
+    def drop_versions_after(self, version: int) -> list[int]:
+        """Remove the manifests of versions newer than `version` (a trainer resumed from an older
+        checkpoint republishes them); their chunks go at the next gc. Returns the versions removed."""
+        dropped = [v for v in self.list_versions() if v > version]
+        for v in reversed(dropped):  # newest first, so a reader never sees a gap below the newest
+            try:
+                self.fs.rm(self._manifest_path(v))
+            except OSError as err:
+                raise StoreError(f"cannot remove version {v} from weight store '{self.url}': {err}") from err
+        return dropped
+
     # --- retention
     def gc(self, keep_versions: int, min_age_s: float = 60.0) -> dict[str, int]:
         """Delete old versions and unreferenced chunks; never what a kept manifest needs."""
