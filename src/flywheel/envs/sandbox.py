@@ -1,0 +1,610 @@
+"""Sandboxes: run an agent's shell commands in a private copy-on-write workspace, with limits.
+
+    from flywheel.envs.sandbox import SandboxLimits, create_sandbox, materialize_base
+    base = materialize_base(task.files)                 # once per task
+    with create_sandbox(base, SandboxLimits(), kind="auto") as sb:
+        r = sb.run("python -m pytest -q", timeout_s=30)  # bash -c, cwd = the workspace
+        print(r.returncode, r.output)
+
+Benchmark: `flywheel bench sandbox --out FILE`; tests: `pytest tests/unit/test_sandbox.py`.
+
+Two kinds, both giving a private workspace per sandbox (`workspace.py`: an overlayfs view of the
+task's base, O(1) to create; a copy where overlay cannot be mounted) and both enforcing, per command,
+CPU time, address space, process count and file size limits (bash `ulimit` — setrlimit — run as the
+first statement of the sandboxed shell, hard and soft) and a wall-clock timeout that SIGKILLs the
+whole process group:
+
+``bwrap`` (bubblewrap; default where installed and working). Each `run` is one bwrap invocation
+(~5 ms for a bare bwrap here, ~11 ms for ours) with new network, pid, ipc, uts and cgroup namespaces
+and ``--die-with-parent``; the command runs as a per-sandbox uid with no capabilities and no_new_privs.
+  Covers: no network (a fresh netns holding only its own loopback); read-only system (/usr, /etc and the
+  Python installation bound read-only, nothing else of the host visible: not /root, not /work, not
+  other sandboxes, not the task base); the workspace (at ``/workspace``) and a private tmpfs /tmp are
+  the only writable paths; every process the command started dies with it (pid-namespace teardown),
+  including daemons that called setsid; fork bombs stop at `max_procs`; memory bombs get ENOMEM.
+  Does not cover: kernel exploits (the kernel is shared; no seccomp filter), CPU *share* (a command
+  may use all cores until its CPU-time limit), disk quotas beyond the per-file size limit, timing
+  side channels, reading world-readable files under /usr and /etc.
+
+``local`` (fallback: a subprocess with cwd in the private workspace, TMPDIR in a private temp dir).
+  When running as root it still gets most of the above cheaply: the command runs under
+  ``unshare --net`` (no network) and as a per-sandbox unprivileged uid (``setpriv``), so it cannot
+  write root-owned paths (the system, the task base, other sandboxes), the process-count limit is
+  per sandbox, and `close()` kills every process of that uid, setsid'd daemons included. Where the
+  interpreter lies in a private directory (a pyenv under /root), each command gets a private mount
+  namespace in which read-only binds of the Python roots cover that directory.
+  Does not cover: it sees the whole host file system read-only-by-permissions, may write
+  world-writable places (/tmp, /dev/shm), and without root it has the network, runs as the calling
+  user (can write anything the user can, including the base), counts `max_procs` against all of that
+  user's processes, and a process that escapes the process group with setsid survives `close()`.
+
+Why a per-sandbox uid (as root): root ignores RLIMIT_NPROC, so a fork bomb run as root is not
+contained by rlimits; a shared unprivileged uid would make 200 concurrent sandboxes share one process
+budget. A uid unique to the sandbox (1e9 + pid*1e4 + slot, never in /etc/passwd) gives each sandbox its
+own budget and a kill switch (every process of that uid). Files the sandbox creates belong to that uid;
+root on the host reads and writes them as usual. Without root (not exercised here: CI runs as root),
+bwrap runs in a user namespace as the calling user, and RLIMIT_NPROC counts the processes of that
+user namespace.
+
+Python inside bwrap: the running interpreter's prefix (the venv, with pytest) and its base
+installation are bound read-only at their host paths and the venv's bin/ is first on PATH, so
+`python -m pytest` works the same inside and outside; /usr/bin/python3 is there too.
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import functools
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from flywheel.envs.workspace import Workspace, materialize_base, workspace_mode
+
+if TYPE_CHECKING:
+    from flywheel.config import EnvConfig
+
+__all__ = [
+    "ExecResult", "Sandbox", "SandboxLimits", "BwrapSandbox", "LocalSandbox", "bwrap_available",
+    "create_sandbox", "materialize_base", "resolve_kind", "KINDS",
+]
+
+KINDS = ("auto", "bwrap", "local")
+MAX_OUTPUT_BYTES = 8 * 1024 * 1024  # bytes kept per stream (head + tail); the harness truncates further
+BWRAP_WORKSPACE = "/workspace"
+_UID_BASE = 1_000_000_000
+_UID_SLOTS = 10_000
+
+
+@dataclass
+class SandboxLimits:
+    """Per-command limits. Sizes in MiB, times in seconds; `max_procs` counts every process of the sandbox."""
+
+    cpu_time_s: int = 20
+    memory_mb: int = 1024
+    max_procs: int = 64
+    file_size_mb: int = 64
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_time_s", "memory_mb", "max_procs", "file_size_mb"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"SandboxLimits.{name} must be a positive int (got {v!r})")
+        if self.max_procs < 2:
+            raise ValueError(f"SandboxLimits.max_procs must be >= 2 so bash can run a command (got {self.max_procs})")
+        if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
+            raise ValueError(f"SandboxLimits.timeout_s must be a positive number of seconds (got {self.timeout_s!r})")
+
+    @classmethod
+    def from_config(cls, cfg: EnvConfig) -> SandboxLimits:
+        return cls(cpu_time_s=cfg.cpu_time_s, memory_mb=cfg.memory_mb, max_procs=cfg.max_procs,
+                   file_size_mb=cfg.file_size_mb, timeout_s=cfg.command_timeout_s)
+
+
+@dataclass
+class ExecResult:
+    """The outcome of one command. `returncode` is negative (-signal) when it was killed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, for showing to a model."""
+        if self.stdout and self.stderr and not self.stdout.endswith("\n"):
+            return self.stdout + "\n" + self.stderr
+        return self.stdout + self.stderr
+
+
+class Sandbox(Protocol):
+    kind: str
+    workspace: Path
+
+    def run(self, command: str, timeout_s: float | None = None, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> ExecResult: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Host facts (probed once)
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_available() -> bool:
+    """bubblewrap is installed and can create the namespaces we use (probed once by running `true`)."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return False
+    try:
+        r = subprocess.run([exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net",
+                            "--unshare-pid", "--unshare-ipc", "--die-with-parent", "true"],
+                           capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def resolve_kind(kind: str) -> str:
+    """'auto' -> 'bwrap' where it works, else 'local'; 'bwrap' refused with a fix where it does not."""
+    if kind not in KINDS:
+        raise ValueError(f"sandbox kind must be one of {', '.join(KINDS)} (got {kind!r})")
+    if kind == "auto":
+        return "bwrap" if bwrap_available() else "local"
+    if kind == "bwrap" and not bwrap_available():
+        raise ValueError("sandbox kind 'bwrap' needs a working bubblewrap: install it (`apt-get install "
+                         "bubblewrap`) or set env.sandbox = 'local' (or 'auto')")
+    return kind
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@functools.lru_cache(maxsize=1)
+def _python_roots() -> tuple[tuple[str, ...], str]:
+    """Host directories holding the running Python (venv + base install) and the venv's bin dir."""
+    roots: list[str] = []
+    for p in sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix),
+                     os.path.realpath(sys.exec_prefix)}, key=len):
+        if p.startswith("/usr/") or p == "/usr" or any(p.startswith(r + "/") for r in roots):
+            continue
+        roots.append(p)
+    return tuple(roots), os.path.join(sys.prefix, "bin")
+
+
+class _UidPool:
+    """Unprivileged uids unique to each live sandbox of this process (and, via the pid, of this host)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[int] = []
+        self._next = 0
+
+    def acquire(self) -> int:
+        with self._lock:
+            if self._free:
+                slot = self._free.pop()
+            else:
+                slot = self._next % _UID_SLOTS  # beyond 10,000 live sandboxes, slots (budgets) are shared
+                self._next += 1
+            return _UID_BASE + (os.getpid() % 100_000) * _UID_SLOTS + slot
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._free.append((uid - _UID_BASE) % _UID_SLOTS)
+
+
+_UIDS = _UidPool()
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # sandboxes not yet closed: closed at interpreter exit
+
+
+@atexit.register
+def _close_live() -> None:
+    for sb in list(_LIVE):
+        try:
+            sb.close()
+        except Exception:  # noqa: BLE001 - best effort at exit; nothing to report to
+            pass
+
+
+def _kill_uid(uid: int, max_rounds: int = 100) -> int:
+    """SIGKILL every process whose owner is `uid` until none is left; returns how many were killed."""
+    killed = 0
+    for _ in range(max_rounds):
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    if os.stat(f"/proc/{name}").st_uid == uid:
+                        found.append(int(name))
+                except OSError:
+                    continue
+        if not found:
+            return killed
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.005)
+    return killed
+
+
+def _read_capped(path: Path) -> str:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= MAX_OUTPUT_BYTES:
+            data = f.read()
+        else:
+            half = MAX_OUTPUT_BYTES // 2
+            head = f.read(half)
+            f.seek(size - half)
+            data = head + f"\n[... {size - 2 * half} bytes cut ...]\n".encode() + f.read()
+    return data.decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sandboxes
+
+
+class _BaseSandbox(abc.ABC):
+    kind = ""
+
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
+        if not isinstance(limits, SandboxLimits):
+            raise TypeError(f"limits must be a SandboxLimits (got {type(limits).__name__})")
+        self.limits = limits
+        self.uid = _UIDS.acquire() if _is_root() else None
+        self._lock = threading.Lock()
+        self._num_runs = 0
+        self._running: set[int] = set()  # process groups of commands in flight
+        self._closed = False
+        try:
+            self._ws = Workspace(base, owner_uid=self.uid, tmp_root=tmp_root)
+            self._io = self._ws.scratch("io")
+        except BaseException:
+            if self.uid is not None:
+                _UIDS.release(self.uid)
+            raise
+        self.workspace = self._ws.path
+        _LIVE.add(self)
+
+    # The script bash runs: limits first (hard and soft, so the command cannot raise them), then the command.
+    def _script(self, command: str) -> str:
+        lim = self.limits
+        return (f"ulimit -t {lim.cpu_time_s} -v {lim.memory_mb * 1024} -u {lim.max_procs} "
+                f"-f {lim.file_size_mb * 1024} || exit 125\n{command}")
+
+    def _setpriv(self) -> list[str]:
+        if self.uid is None:
+            return []
+        # setresuid(U, U, U) from root clears the permitted, effective and ambient capabilities; with
+        # no_new_privs no setuid binary or file capability can give any back.
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs"]
+
+    def _env(self, env: dict[str, str] | None, home: str, tmp: str) -> dict[str, str]:
+        _, venv_bin = _python_roots()
+        out = {"PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": tmp,
+               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+        if env is not None:
+            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+                                                    and "\x00" not in k + v for k, v in env.items()):
+                raise TypeError("env must be a dict of str -> str with names free of '=' and NUL bytes")
+            out.update(env)
+        return out
+
+    _wants_info_fd = False  # bwrap reports its namespace's pid 1 on this fd
+
+    @abc.abstractmethod
+    def _argv(self, script: str, info_fd: int) -> list[str]:
+        """The command line that runs `bash -c script` inside this kind of sandbox."""
+
+    @abc.abstractmethod
+    def _run_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The environment of the sandboxed command (`env` merged over the defaults)."""
+
+    def _cwd(self) -> str:
+        return str(self.workspace)
+
+    def _kill_leftovers(self) -> None:
+        """At close: kill what may outlive a command's process group (kinds without a pid namespace)."""
+        if self.uid is not None:
+            _kill_uid(self.uid)
+
+    def _after_timeout(self, info_r: int) -> None:
+        """Make sure nothing of a killed command is left (`info_r`: bwrap's info pipe, or -1)."""
+
+    def run(self, command: str, timeout_s: float | None = None, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> ExecResult:
+        """`bash -c command` in the workspace; never raises for what the command does."""
+        if not isinstance(command, str):
+            raise TypeError(f"command must be a str (got {type(command).__name__})")
+        if "\x00" in command:
+            raise ValueError("command may not contain NUL bytes")
+        if stdin is not None and not isinstance(stdin, str):
+            raise TypeError(f"stdin must be a str or None (got {type(stdin).__name__})")
+        timeout = self.limits.timeout_s if timeout_s is None else timeout_s
+        if not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds (got {timeout_s!r})")
+        with self._lock:
+            if self._closed:
+                raise ValueError("this sandbox is closed; create a new one")
+            n = self._num_runs
+            self._num_runs += 1
+        run_env = self._run_env(env)
+        out_p, err_p, in_p = self._io / f"{n}.out", self._io / f"{n}.err", self._io / f"{n}.in"
+        in_f = subprocess.DEVNULL
+        if stdin is not None:
+            in_p.write_text(stdin)
+            in_f = open(in_p, "rb")
+        info_r, info_w = os.pipe() if self._wants_info_fd else (-1, -1)
+        t0 = time.perf_counter()
+        timed_out = False
+        try:
+            with open(out_p, "wb") as out_f, open(err_p, "wb") as err_f:
+                try:
+                    proc = subprocess.Popen(self._argv(self._script(command), info_w), cwd=self._cwd(),
+                                            env=run_env, stdin=in_f, stdout=out_f, stderr=err_f,
+                                            start_new_session=True, close_fds=True,
+                                            pass_fds=(info_w,) if info_w >= 0 else ())
+                finally:
+                    if info_w >= 0:
+                        os.close(info_w)
+            self._running.add(proc.pid)
+            if not _wait(proc, timeout):
+                timed_out = True
+                _killpg(proc.pid)
+                proc.wait()
+                self._after_timeout(info_r)
+            _killpg(proc.pid)  # leftovers in the group (no-op for bwrap: the pid namespace is gone)
+            self._running.discard(proc.pid)
+            duration = time.perf_counter() - t0
+            return ExecResult(proc.returncode, _read_capped(out_p), _read_capped(err_p), timed_out, duration)
+        finally:
+            if in_f is not subprocess.DEVNULL:
+                in_f.close()
+            if info_r >= 0:
+                os.close(info_r)
+            for p in (out_p, err_p, in_p):
+                p.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Kill everything, unmount, remove temp dirs. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            for pgid in list(self._running):
+                _killpg(pgid)
+            self._kill_leftovers()
+        finally:
+            self._ws.close()
+            if self.uid is not None:
+                _UIDS.release(self.uid)
+
+    @property
+    def workspace_mode(self) -> str:
+        return self._ws.mode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # last resort; callers should close()
+        try:
+            if not self._closed and hasattr(self, "_ws"):
+                self.close()
+        except Exception:
+            pass
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait for `proc` up to `timeout_s`; True when it exited. A pidfd wakes us the moment it exits
+    (Popen.wait(timeout) polls with sleeps that grow to 50 ms, which would dominate a 10 ms sandbox)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        ready = poller.poll(max(1, int(timeout_s * 1000)))
+    finally:
+        os.close(fd)
+    if not ready:
+        return False
+    proc.wait()
+    return True
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class BwrapSandbox(_BaseSandbox):
+    """One bubblewrap invocation per command over a persistent copy-on-write workspace."""
+
+    kind = "bwrap"
+    _wants_info_fd = True
+
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
+        super().__init__(base, limits, tmp_root)
+        self._prefix = self._build_prefix()
+
+    def _build_prefix(self) -> list[str]:
+        # No --new-session: bwrap already starts in a session of its own with no controlling terminal
+        # (start_new_session, stdin a file), so TIOCSTI injection has no terminal; it cost ~3 ms a run.
+        a = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+             "--die-with-parent", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+        for d in ("bin", "lib", "lib32", "lib64", "sbin"):
+            p = f"/{d}"
+            if os.path.islink(p):
+                a += ["--symlink", os.readlink(p), p]
+            elif os.path.isdir(p):
+                a += ["--ro-bind", p, p]
+        a += ["--ro-bind", "/etc", "/etc"]
+        made: set[str] = {"/", "/usr", "/etc", "/tmp"}
+        roots, _ = _python_roots()
+        for r in roots:
+            parts = Path(r).parts
+            for i in range(2, len(parts)):
+                anc = str(Path(*parts[:i]))
+                if anc not in made:
+                    a += ["--perms", "0755", "--dir", anc]
+                    made.add(anc)
+            a += ["--ro-bind", r, r]
+        tmp_bytes = self.limits.file_size_mb * 1024 * 1024 * 4
+        a += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+              "--bind", str(self.workspace), BWRAP_WORKSPACE, "--chdir", BWRAP_WORKSPACE, "--"]
+        return a + self._setpriv() + ["bash", "-c"]
+
+    def _argv(self, script: str, info_fd: int) -> list[str]:
+        i = self._prefix.index("--")
+        return [*self._prefix[:i], "--info-fd", str(info_fd), *self._prefix[i:], script]
+
+    def _kill_leftovers(self) -> None:
+        """Nothing outlives a command: its pid namespace died with it (in-flight ones were killed)."""
+
+    def _after_timeout(self, info_r: int) -> None:
+        # Killing bwrap SIGKILLs the namespace's pid 1 (--die-with-parent); the kernel then kills every
+        # process in the namespace, asynchronously. Wait until pid 1 is gone or a zombie: by then
+        # the namespace is empty.
+        os.set_blocking(info_r, False)
+        try:
+            info = json.loads(os.read(info_r, 4096).decode() or "{}")
+        except (OSError, ValueError):
+            return  # bwrap died before it started the namespace
+        pid = info.get("child-pid")
+        deadline = time.monotonic() + 2.0
+        while isinstance(pid, int) and time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return
+            if state in ("Z", "X"):
+                return
+            time.sleep(0.002)
+
+    def _cwd(self) -> str:
+        return str(self._io)  # bwrap itself runs outside; --chdir puts the command in /workspace
+
+    def _run_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        return self._env(env, home=BWRAP_WORKSPACE, tmp="/tmp")
+
+
+def _blocking_ancestor(path: str) -> str | None:
+    """The top-most directory on `path` that other users cannot traverse (None: all of it is reachable)."""
+    parts = Path(path).parts
+    for i in range(2, len(parts) + 1):
+        anc = str(Path(*parts[:i]))
+        if not os.stat(anc).st_mode & 0o001:
+            return anc
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _python_view_fstab() -> str | None:
+    """An fstab that, mounted in a private mount namespace, lets an unprivileged uid run our Python.
+
+    Where the interpreter lies under a private directory (a pyenv under /root, mode 0700), that
+    directory is covered by a world-traversable skeleton holding read-only binds of the Python roots
+    only. Built once per process; the mounts exist only inside each command's mount namespace.
+    """
+    roots, _ = _python_roots()
+    blocked = [(r, a) for r in roots if (a := _blocking_ancestor(r)) is not None]
+    if not blocked:
+        return None
+    view = Path(tempfile.mkdtemp(prefix="flywheel-pyview-"))
+    os.chmod(view, 0o755)
+    atexit.register(shutil.rmtree, view, True)
+    lines, covers = [], []
+    for i, anc in enumerate(sorted({a for _, a in blocked})):
+        skel = view / f"skel{i}"
+        skel.mkdir(mode=0o755)
+        for r, a in blocked:
+            if a == anc:
+                inner = skel / os.path.relpath(r, anc)
+                inner.mkdir(parents=True, exist_ok=True)
+                for d in [inner, *inner.relative_to(skel).parents]:
+                    os.chmod(skel / d, 0o755)
+                lines.append(f"{r} {inner} none bind,ro 0 0")
+        covers.append(f"{skel} {anc} none rbind 0 0")
+    text = "\n".join(lines + covers) + "\n"
+    if any(c.isspace() for path in [*roots, str(view)] for c in path):
+        return None  # paths with spaces would need fstab escaping; the uid then lacks our Python
+    fstab = view / "fstab"
+    fstab.write_text(text)
+    return str(fstab)
+
+
+class LocalSandbox(_BaseSandbox):
+    """A subprocess in the private workspace; as root: no network and a per-sandbox uid."""
+
+    kind = "local"
+
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
+        super().__init__(base, limits, tmp_root)
+        self._tmp = self._ws.scratch("tmp", owner_uid=self.uid)
+        if self.uid is None:
+            self._prefix = ["bash", "-c"]
+            return
+        fstab = _python_view_fstab()
+        if fstab is None:
+            self._prefix = ["unshare", "--net", *self._setpriv(), "bash", "-c"]
+        else:  # a private mount namespace that shows the interpreter to the sandbox uid
+            setpriv = " ".join(self._setpriv())
+            self._prefix = ["unshare", "--net", "--mount", "--propagation", "private", "bash", "-c",
+                            f"mount -a -T {fstab} || exit 126\nexec {setpriv} bash -c \"$1\"", "sandbox-setup"]
+
+    def _argv(self, script: str, info_fd: int) -> list[str]:
+        return [*self._prefix, script]
+
+    def _run_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        return self._env(env, home=str(self.workspace), tmp=str(self._tmp))
+
+    def _after_timeout(self, info_r: int) -> None:
+        if self.uid is not None:
+            _kill_uid(self.uid)  # daemons that escaped the process group with setsid
+
+
+def create_sandbox(base: Path, limits: SandboxLimits | None = None, kind: str = "auto",
+                   tmp_root: str | None = None) -> BwrapSandbox | LocalSandbox:
+    """A sandbox whose workspace is a copy-on-write view of `base` (see `materialize_base`)."""
+    resolved = resolve_kind(kind)
+    limits = SandboxLimits() if limits is None else limits
+    cls = BwrapSandbox if resolved == "bwrap" else LocalSandbox
+    return cls(Path(base), limits, tmp_root=tmp_root)
+
+
+def describe_host(tmp_root: str | None = None) -> dict[str, object]:
+    """What this host gives sandboxes: for benchmarks and `flywheel` diagnostics."""
+    return {"bwrap": bwrap_available(), "auto_kind": resolve_kind("auto"), "workspace_mode": workspace_mode(tmp_root),
+            "root": _is_root(), "bwrap_path": shutil.which("bwrap")}

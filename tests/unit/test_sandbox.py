@@ -1,0 +1,330 @@
+"""Sandboxes: one adversarial test per property, each bounded to a few seconds.
+
+Run: `.venv/bin/python -m pytest -q tests/unit/test_sandbox.py`. Real bubblewrap, real overlay mounts,
+real subprocesses; tests that need root (per-sandbox uid, overlay) or bwrap skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flywheel.config import EnvConfig
+from flywheel.envs.sandbox import (
+    ExecResult, SandboxLimits, _kill_uid, bwrap_available, create_sandbox, materialize_base, resolve_kind,
+)
+from flywheel.envs.workspace import overlay_available
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="per-sandbox uid, unshare and overlay need root")
+KINDS = [pytest.param("bwrap", marks=pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not usable")),
+         "local"]
+
+FILES = {"a.txt": "hello\n", "pkg/mod.py": "def f():\n    return 1\n",
+         "tests/test_mod.py": "from pkg.mod import f\n\ndef test_f():\n    assert f() == 1\n",
+         "pkg/__init__.py": ""}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return materialize_base(FILES, tmp_path_factory.mktemp("base") / "b")
+
+
+def _procs_with(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                    found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Plumbing and bad input
+
+
+def test_limits_from_config_and_bad_values() -> None:
+    cfg = EnvConfig(cpu_time_s=3, memory_mb=300, max_procs=9, file_size_mb=2, command_timeout_s=4.5)
+    assert SandboxLimits.from_config(cfg) == SandboxLimits(3, 300, 9, 2, 4.5)
+    with pytest.raises(ValueError, match="max_procs"):
+        SandboxLimits(max_procs=1)
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxLimits(timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        SandboxLimits(memory_mb=1.5)  # type: ignore[arg-type]
+
+
+def test_resolve_kind_and_bad_kind() -> None:
+    assert resolve_kind("local") == "local"
+    assert resolve_kind("auto") == ("bwrap" if bwrap_available() else "local")
+    with pytest.raises(ValueError, match="auto, bwrap, local"):
+        resolve_kind("docker")
+
+
+def test_materialize_base_refuses_paths_outside(tmp_path: Path) -> None:
+    for bad in ("../x", "/etc/passwd", "a/../../b", ""):
+        with pytest.raises((ValueError, TypeError), match="path"):
+            materialize_base({bad: "x"}, tmp_path / f"b{abs(hash(bad))}")
+    with pytest.raises(TypeError, match="str"):
+        materialize_base({"a": b"bytes"}, tmp_path / "c")  # type: ignore[dict-item]
+    base = materialize_base({"x/run.sh": "#!/bin/sh\necho hi\n", "y.txt": "y"}, tmp_path / "ok")
+    assert (base / "x" / "run.sh").stat().st_mode & 0o111 and (base / "y.txt").read_text() == "y"
+    with pytest.raises(ValueError, match="not empty"):
+        materialize_base({"z": "z"}, base)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_run_basics_stdin_env_and_pytest_inside(kind: str, base: Path) -> None:
+    with create_sandbox(base, SandboxLimits(), kind) as sb:
+        assert sb.kind == kind
+        r = sb.run("cat a.txt; read line; echo got=$line; echo err >&2; echo $FOO; exit 3", stdin="42\n",
+                   env={"FOO": "bar"})
+        assert (r.returncode, r.timed_out) == (3, False)
+        assert r.stdout == "hello\ngot=42\nbar\n" and r.stderr == "err\n"
+        assert r.output == "hello\ngot=42\nbar\nerr\n"
+        t = sb.run("python -m pytest -q -p no:cacheprovider tests/test_mod.py", timeout_s=60)
+        assert t.returncode == 0, t.output
+        assert "1 passed" in t.stdout
+        with pytest.raises(TypeError, match="command"):
+            sb.run(["ls"])  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout_s"):
+            sb.run("true", timeout_s=-1)
+        with pytest.raises(TypeError, match="env"):
+            sb.run("true", env={"A=B": "x"})
+
+
+def test_close_is_idempotent_and_refuses_later_runs(base: Path) -> None:
+    sb = create_sandbox(base, SandboxLimits(), "local")
+    sb.close()
+    sb.close()
+    with pytest.raises(ValueError, match="closed"):
+        sb.run("true")
+
+
+# ---------------------------------------------------------------------------------------------
+# Copy-on-write workspace: the base never changes
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_base_cannot_be_modified_through_a_sandbox(kind: str, base: Path) -> None:
+    before = {p: (base / p).read_text() for p in FILES}
+    with create_sandbox(base, SandboxLimits(), kind) as sb:
+        r = sb.run("echo x >> a.txt && sed -i 's/1/2/' pkg/mod.py && rm tests/test_mod.py && echo new > n.txt "
+                   "&& cat a.txt")
+        assert r.returncode == 0, r.output
+        assert r.stdout == "hello\nx\n"
+        (sb.workspace / "pkg" / "__init__.py").write_text("host write\n")  # the host-side file API
+        with open(sb.workspace / "a.txt", "a") as f:
+            f.write("host append\n")
+        assert (sb.workspace / "a.txt").read_text() == "hello\nx\nhost append\n"
+        with create_sandbox(base, SandboxLimits(), kind) as other:  # a second session sees the pristine base
+            assert other.run("cat a.txt pkg/mod.py; ls n.txt").stdout == "hello\ndef f():\n    return 1\n"
+    assert {p: (base / p).read_text() for p in FILES} == before
+    assert sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()) == sorted(FILES)
+
+
+@needs_root
+def test_workspace_creation_copies_nothing(base: Path) -> None:
+    if not overlay_available():
+        pytest.skip("overlay cannot be mounted here")
+    with create_sandbox(base, SandboxLimits(), "local") as sb:
+        upper = sb._ws.root / "upper"
+        assert sb.workspace_mode == "overlay"
+        assert list(upper.rglob("*")) == []  # O(1): nothing copied at creation
+        assert sorted(p.name for p in sb.workspace.iterdir()) == ["a.txt", "pkg", "tests"]
+        sb.run("echo x >> a.txt")
+        assert [p.name for p in upper.rglob("*")] == ["a.txt"]  # only the written file was copied up
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_copy_fallback_when_overlay_cannot_be_mounted(kind: str, base: Path, monkeypatch) -> None:
+    import flywheel.envs.workspace as workspace
+
+    monkeypatch.setattr(workspace, "overlay_available", lambda tmp_root=None: False)
+    with create_sandbox(base, SandboxLimits(), kind) as sb:
+        assert sb.workspace_mode == "copy"
+        r = sb.run("echo x >> a.txt && rm pkg/mod.py && cat a.txt")
+        assert r.returncode == 0 and r.stdout == "hello\nx\n", r.output
+        (sb.workspace / "tests" / "test_mod.py").write_text("host write\n")
+        root = sb._ws.root
+    assert not root.exists()
+    assert (base / "a.txt").read_text() == "hello\n" and (base / "pkg" / "mod.py").exists()
+    assert (base / "tests" / "test_mod.py").read_text() == FILES["tests/test_mod.py"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Adversarial: one test per property
+
+
+@needs_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_network(kind: str, base: Path) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    accepted: list[int] = []
+
+    def serve() -> None:
+        srv.settimeout(5)
+        try:
+            while True:
+                c, _ = srv.accept()
+                accepted.append(1)
+                c.close()
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # control: the server is reachable
+        code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                f"    print('CONNECTED')\nexcept OSError as e:\n    print('BLOCKED', e.errno)\n")
+        with create_sandbox(base, SandboxLimits(timeout_s=5), kind) as sb:
+            r = sb.run(f"python -c \"{code}\"; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+        assert "BLOCKED" in r.stdout and "CONNECTED" not in r.stdout, r.output
+        assert r.stdout.split()[-1] == "lo"  # only a loopback device exists
+        time.sleep(0.05)
+        assert len(accepted) == 1
+    finally:
+        srv.close()
+
+
+@needs_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_write_outside_the_workspace(kind: str, base: Path, tmp_path: Path) -> None:
+    marker = f"fw-{uuid.uuid4().hex[:8]}"
+    host_dir = tmp_path / "hostdir"  # root-owned, 0755: writable by root only
+    host_dir.mkdir()
+    targets = ["/usr/" + marker, "/etc/" + marker, f"{os.path.realpath(sys.prefix)}/{marker}",
+               f"{base}/{marker}", f"{base}/a.txt", f"{host_dir}/{marker}", f"/root/{marker}"]
+    with create_sandbox(base, SandboxLimits(), kind) as sb, create_sandbox(base, SandboxLimits(), kind) as other:
+        targets += [f"{other.workspace}/a.txt", f"{other.workspace}/{marker}"]  # another session's workspace
+        script = "; ".join(f"(echo x >> {t}) 2>/dev/null && echo WROTE {t}" for t in targets)
+        r = sb.run(script + f"; echo ok > /tmp/{marker}; echo in-ws > {marker}; cat {marker}")
+        assert "WROTE" not in r.stdout, r.output
+        assert r.stdout.endswith("in-ws\n")
+        assert (sb.workspace / marker).read_text() == "in-ws\n"
+        assert (other.workspace / "a.txt").read_text() == "hello\n"
+        assert sb.run(f"ls {other.workspace}").returncode != 0  # not even readable
+    for t in targets:
+        assert not os.path.exists(t) or Path(t).read_text() == FILES.get("a.txt"), t
+    assert (base / "a.txt").read_text() == "hello\n"
+    if kind == "bwrap":
+        assert not os.path.exists(f"/tmp/{marker}")  # /tmp inside is a private tmpfs
+    else:
+        os.unlink(f"/tmp/{marker}")  # documented: local may write world-writable dirs
+
+
+@needs_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_commands_run_without_privileges(kind: str, base: Path) -> None:
+    with create_sandbox(base, SandboxLimits(), kind) as sb, create_sandbox(base, SandboxLimits(), kind) as other:
+        r = sb.run("grep -E '^(Uid|CapEff|NoNewPrivs)' /proc/self/status; mount -t tmpfs none /tmp && echo MOUNTED")
+        uid = sb.uid
+        assert uid is not None and uid != other.uid and uid >= 1_000_000_000  # one uid per live sandbox
+        assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in r.stdout
+        assert "CapEff:\t0000000000000000" in r.stdout and "NoNewPrivs:\t1" in r.stdout
+        assert "MOUNTED" not in r.stdout
+
+
+_FORK_COUNTER = """
+import os, time
+n = 0
+try:
+    while n < 500:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print('blocked after', n, 'errno', e.errno)
+else:
+    print('not blocked', n)
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_fork_bomb_contained(kind: str, base: Path) -> None:
+    limits = SandboxLimits(max_procs=16, timeout_s=3)
+    with create_sandbox(base, limits, kind) as sb:
+        sb.workspace.joinpath("fork.py").write_text(_FORK_COUNTER)
+        r = sb.run("python fork.py")
+        words = r.stdout.split()
+        assert words[:2] == ["blocked", "after"], r.output
+        assert 1 <= int(words[2]) < 16  # bash + python + children never pass max_procs
+        t0 = time.perf_counter()
+        bomb = sb.run("bomb() { bomb | bomb & }; bomb; sleep 1; ps -e --no-headers 2>/dev/null | wc -l",
+                      timeout_s=2)
+        assert time.perf_counter() - t0 < 4
+        uid = sb.uid
+    assert bomb.returncode is not None
+    time.sleep(0.05)
+    assert _kill_uid(uid, max_rounds=1) == 0  # nothing of the sandbox's uid survives close()
+    assert create_sandbox(base, SandboxLimits(), kind).run("echo alive").stdout == "alive\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_memory_bomb_contained(kind: str, base: Path) -> None:
+    with create_sandbox(base, SandboxLimits(memory_mb=256, timeout_s=5), kind) as sb:
+        t0 = time.perf_counter()
+        r = sb.run("python -c \"x = bytearray(2 * 1024**3); print('ALLOCATED')\"")
+        assert time.perf_counter() - t0 < 4
+        assert r.returncode != 0 and "MemoryError" in r.stderr and "ALLOCATED" not in r.stdout, r.output
+        assert not r.timed_out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_infinite_loop_killed_within_its_limits(kind: str, base: Path) -> None:
+    marker = f"fw-loop-{uuid.uuid4().hex[:8]}"
+    with create_sandbox(base, SandboxLimits(timeout_s=1.0), kind) as sb:
+        r = sb.run(f"(exec -a {marker} sleep 100) & while :; do :; done")
+        assert r.timed_out and r.returncode == -9
+        assert 0.9 <= r.duration_s < 3.0, r.duration_s
+        assert _procs_with(marker) == []  # the whole process group died with it
+    with create_sandbox(base, SandboxLimits(cpu_time_s=1, timeout_s=8), kind) as sb:
+        r = sb.run("while :; do :; done")  # the CPU-time limit (soft = hard) SIGKILLs it first
+        assert not r.timed_out and r.returncode in (-9, 128 + 9), r  # bwrap reports a signal as 128 + n
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_file_size_limit(kind: str, base: Path) -> None:
+    with create_sandbox(base, SandboxLimits(file_size_mb=1), kind) as sb:
+        r = sb.run("head -c 3000000 /dev/zero > big.bin")
+        assert r.returncode != 0
+        assert (sb.workspace / "big.bin").stat().st_size == 1024 * 1024
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_process_and_no_temporary_directory_left_behind(kind: str, base: Path) -> None:
+    if kind == "local" and not ROOT:
+        pytest.skip("without root a local sandbox cannot find processes that left its process group")
+    marker = f"fw-left-{uuid.uuid4().hex[:8]}"
+    sb = create_sandbox(base, SandboxLimits(timeout_s=3), kind)
+    root = sb._ws.root
+    r = sb.run(f"(exec -a {marker}-a sleep 300) > /dev/null 2>&1 & "
+               f"setsid bash -c 'exec -a {marker}-b sleep 300' > /dev/null 2>&1 & "
+               f"nohup bash -c 'exec -a {marker}-c sleep 300' > /dev/null 2>&1 & disown; echo started")
+    assert r.stdout == "started\n" and r.duration_s < 2.5
+    sb.close()
+    time.sleep(0.05)
+    assert _procs_with(marker) == []
+    assert not root.exists()
+    assert str(root) not in Path("/proc/mounts").read_text()
+
+
+def test_exec_result_output_joins_streams() -> None:
+    assert ExecResult(0, "a", "b", False, 0.1).output == "a\nb"
+    assert ExecResult(0, "a\n", "", False, 0.1).output == "a\n"
