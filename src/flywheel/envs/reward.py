@@ -1,0 +1,426 @@
+"""Reward: hidden tests in a fresh sandbox, anti-cheat flags, and an optional LLM-judge rubric.
+
+    reward = grade(task, sandbox.workspace, cfg.env, tool_log=harness.log)
+    reward.value, reward.components, reward.flags, reward.tests     # tests: id -> passed/failed/error/...
+
+How grading stays tamper-proof:
+* It never runs in the agent's sandbox. The agent's final workspace is copied; every test file the task
+  started with (`test_*.py`, `*_test.py`, `conftest.py`) is restored, test files and conftest.py files
+  the agent added are deleted, pytest config files (pytest.ini, tox.ini, setup.cfg, pyproject.toml) are
+  restored; then the hidden files are written and a SWE-bench `test_patch` applied. The copy becomes the
+  base of a brand-new sandbox where the test command runs with third-party plugin autoload off.
+* Results are per test, from pytest's JUnit XML (written at the end of the session, after every test has
+  run, so code under test cannot pre-write it). A test that is skipped, errors, or is missing from the
+  report (the process died, `os._exit`, a timeout) counts as failed.
+* Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0 (`partial_credit`: the fraction
+  passed). Anti-cheat flags are detected on the agent's workspace and tool log — `tests_edited`,
+  `conftest_added` (or a pytest plugin/config), `sys_exit` (`sys.exit`/`os._exit`/`exit()` added to
+  non-test code), `outside_read` (a tool touched paths outside the workspace), `tool_spam` (more than
+  `max_tool_calls` calls) — each costs `flag_penalties[flag]` (default `cheat_penalty`). Edited tests are
+  therefore ignored *and* flagged.
+* The rubric judge (`RubricJudge`) asks any flywheel engine to score weighted criteria 0-10 and is mixed in
+  with `combine(reward, rubric, cfg)` by `test_weight` / `rubric_weight`.
+
+The test command must be pytest-compatible (it gets `-p no:cacheprovider --junitxml=FILE` and test files).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flywheel.config import EnvConfig
+from flywheel.envs.tasks import (
+    _base_permissions,
+    file_of_test,
+    is_test_path,
+    original_file,
+    original_paths,
+)
+from flywheel.types import Message, Reward, SamplingParams, Task
+
+FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam")
+PYTEST_CONFIGS = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}
+_EXIT_RX = re.compile(r"\batexit\b|\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|\bos\s*\.\s*kill\b|(?<![\w.])(?:exit|quit)\s*\(")
+_PLUGIN_RX = re.compile(r"\bpytest_plugins\b|^\s*def\s+pytest_\w+\s*\(", re.MULTILINE)
+PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspace inspection
+
+
+def _walk(root: Path) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        for f in filenames:
+            if f.endswith(".pyc") or f.startswith(".fw-junit-"):
+                continue
+            p = Path(dirpath) / f
+            if _regular_or_link(p):  # a FIFO or device would block (or worse) when read
+                out[str(p.relative_to(root))] = p
+    return out
+
+
+def _regular_or_link(p: Path) -> bool:
+    try:
+        mode = os.lstat(p).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISLNK(mode)
+
+
+def _ignore_special(dirpath: str, names: list[str]) -> set[str]:
+    """copytree filter: caches, and anything that is not a directory, regular file or symlink."""
+    out = set()
+    for n in names:
+        if n in _SKIP_DIRS or n.endswith(".pyc"):
+            out.add(n)
+            continue
+        try:
+            mode = os.lstat(os.path.join(dirpath, n)).st_mode
+        except OSError:
+            out.add(n)
+            continue
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            out.add(n)
+    return out
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8", errors="replace") if not p.is_symlink() else f"<symlink {os.readlink(p)}>"
+    except OSError:
+        return ""
+
+
+@dataclass
+class WorkspaceChanges:
+    """Files the agent changed relative to the task's initial workspace."""
+
+    added: dict[str, str] = field(default_factory=dict)  # path -> new text
+    modified: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (old, new)
+    deleted: list[str] = field(default_factory=list)
+
+
+def _git_blob_sha(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _repo_blobs(task: Task) -> dict[str, str]:
+    """path -> git blob sha of the task's commit (one `git ls-tree`, not one `git show` per file)."""
+    if task.repo is None or task.commit is None:
+        return {}
+    r = subprocess.run(["git", "-C", task.repo, "ls-tree", "-r", task.commit], capture_output=True, text=True,
+                       timeout=120)
+    out = {}
+    for line in r.stdout.splitlines():
+        meta, _, path = line.partition("\t")
+        parts = meta.split()
+        if len(parts) == 3 and parts[1] == "blob":
+            out[path] = parts[2]
+    return out
+
+
+def workspace_changes(task: Task, workspace: Path) -> WorkspaceChanges:
+    ch = WorkspaceChanges()
+    now = _walk(Path(workspace))
+    blobs = _repo_blobs(task)
+    for rel, p in now.items():
+        new = _read(p)
+        if rel in task.files:
+            if task.files[rel] != new:
+                ch.modified[rel] = (task.files[rel], new)
+        elif rel in blobs:
+            data = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+            if _git_blob_sha(data) != blobs[rel]:
+                ch.modified[rel] = (original_file(task, rel) or "", new)
+        else:
+            ch.added[rel] = new
+    ch.deleted = sorted(rel for rel in set(task.files) | set(blobs) if rel not in now)
+    return ch
+
+
+def workspace_diff(task: Task, workspace: Path, max_chars: int = 8000) -> str:
+    """A unified diff of the agent's changes (for the rubric judge and for logs)."""
+    ch = workspace_changes(task, workspace)
+    parts = []
+    for rel, (old, new) in sorted(ch.modified.items()):
+        parts += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
+    for rel, new in sorted(ch.added.items()):
+        parts += difflib.unified_diff([], new.splitlines(True), "/dev/null", f"b/{rel}")
+    parts += [f"deleted: {rel}\n" for rel in ch.deleted]
+    text = "".join(parts)
+    return text if len(text) <= max_chars else text[:max_chars] + "\n[... diff truncated ...]\n"
+
+
+def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dict] | None = None,
+                 changes: WorkspaceChanges | None = None) -> list[str]:
+    """The anti-cheat flags raised by the agent's final workspace and tool log (each at most once)."""
+    ch = changes or workspace_changes(task, workspace)
+    flags: list[str] = []
+    touched = set(ch.modified) | set(ch.deleted)
+    if any(is_test_path(p) and Path(p).name != "conftest.py" for p in touched):
+        flags.append("tests_edited")
+    changed_text = {**ch.added, **{p: new for p, (_, new) in ch.modified.items()}}
+    plugin = any(Path(p).name == "conftest.py" for p in set(changed_text) | set(ch.deleted))
+    plugin |= any(Path(p).name in PYTEST_CONFIGS and "pytest" in text for p, text in changed_text.items())
+    plugin |= any(p.endswith(".pth") for p in ch.added)
+    plugin |= any(p.endswith(".py") and _PLUGIN_RX.search(text) for p, text in changed_text.items())
+    if plugin:
+        flags.append("conftest_added")
+    for p, text in changed_text.items():
+        if p.endswith(".py") and not is_test_path(p):
+            old = ch.modified[p][0] if p in ch.modified else ""
+            if len(_EXIT_RX.findall(text)) > len(_EXIT_RX.findall(old)):
+                flags.append("sys_exit")
+                break
+    log = tool_log or []
+    if any(e.get("outside") for e in log):
+        flags.append("outside_read")
+    if len(log) > cfg.max_tool_calls:
+        flags.append("tool_spam")
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------
+# Test results
+
+
+def junit_key(test_id: str) -> tuple[str, str]:
+    """pytest node id -> the (classname, name) pytest writes in JUnit XML."""
+    parts = test_id.split("::")
+    path = parts[0].removesuffix(".py")
+    module = path.replace("/", ".").replace("\\", ".")
+    return ".".join([module, *parts[1:-1]]), parts[-1]
+
+
+def parse_junit(xml_text: str) -> dict[tuple[str, str], str]:
+    """(classname, name) -> passed/failed/error/skipped. Raises ValueError on XML that is not a report."""
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as err:
+        raise ValueError(f"test report is not valid XML: {err}") from None
+    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+    out: dict[tuple[str, str], str] = {}
+    for case in root.iter("testcase"):
+        key = (case.get("classname", ""), case.get("name", ""))
+        tags = {child.tag for child in case}
+        status = ("error" if "error" in tags else "failed" if "failure" in tags
+                  else "skipped" if "skipped" in tags else "passed")
+        if key not in out or rank[status] > rank[out[key]]:
+            out[key] = status
+    return out
+
+
+def statuses_of(test_ids: list[str], report: dict[tuple[str, str], str]) -> dict[str, str]:
+    return {tid: report.get(junit_key(tid), "missing") for tid in test_ids}
+
+
+def score_tests(status: dict[str, str], partial_credit: bool) -> float:
+    if not status:
+        return 0.0
+    num_passed = sum(1 for s in status.values() if s == "passed")
+    if partial_credit:
+        return num_passed / len(status)
+    return 1.0 if num_passed == len(status) else 0.0
+
+
+def penalty_of(flags: list[str], cfg: EnvConfig) -> float:
+    return -sum(cfg.flag_penalties.get(f, cfg.cheat_penalty) for f in flags)  # type: ignore[call-overload]
+
+
+# ---------------------------------------------------------------------------------------------
+# Grading
+
+
+def _restore(task: Task, root: Path) -> None:
+    """Test files and pytest configs back to the task's versions; agent-added ones removed; hidden files on top."""
+    orig = set(original_paths(task))
+    now = _walk(root)
+    for rel, p in now.items():
+        name = Path(rel).name
+        if (is_test_path(rel) or name in PYTEST_CONFIGS or rel.endswith(".pth")) and rel not in orig:
+            p.unlink()
+    for rel in orig:
+        if is_test_path(rel) or Path(rel).name in PYTEST_CONFIGS:
+            text = original_file(task, rel)
+            if text is not None:
+                _put(root, rel, text)
+    for rel, text in task.hidden_files.items():
+        _put(root, rel, text)
+    if task.test_patch:
+        for rel in re.findall(r"^diff --git a/(\S+) b/", task.test_patch, re.MULTILINE):
+            text = original_file(task, rel)
+            if text is not None:
+                _put(root, rel, text)
+            elif (root / rel).exists():
+                (root / rel).unlink()
+        r = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=task.test_patch, text=True,
+                           cwd=root, capture_output=True, timeout=60)
+        if r.returncode != 0:
+            raise ValueError(f"test_patch of task {task.id!r} does not apply: {r.stderr.strip()[:500]}")
+
+
+def _put(root: Path, rel: str, text: str) -> None:
+    """Write `root/rel` as host root without ever following a link the agent planted: every symlink (or
+    non-directory) on the way is replaced by a real directory, and the file itself is replaced, not opened."""
+    parts = Path(rel).parts
+    cur = root
+    for part in parts[:-1]:
+        cur = cur / part
+        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
+            cur.unlink()
+        if not cur.exists():
+            cur.mkdir()
+    dest = cur / parts[-1]
+    if dest.is_symlink() or dest.exists():
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        else:
+            dest.unlink()
+    dest.write_text(text, encoding="utf-8")
+
+
+def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] | None = None,
+          kind: str = "auto") -> Reward:
+    """Run the hidden tests on a restored copy of `workspace` in a fresh sandbox; flags and penalty included."""
+    from flywheel.envs.sandbox import SandboxLimits, create_sandbox
+
+    workspace = Path(workspace)
+    changes = workspace_changes(task, workspace)
+    flags = detect_flags(task, workspace, cfg, tool_log, changes)
+    test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
+    components: dict[str, float] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="flywheel-grade-"))
+    base = tmp / "base"
+    report: dict[tuple[str, str], str] = {}
+    try:
+        shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
+        try:
+            _restore(task, base)
+        except ValueError:
+            components["test_patch_failed"] = 1.0
+        else:
+            _base_permissions(base)
+            limits = SandboxLimits.from_config(cfg)
+            limits.timeout_s = cfg.grade_timeout_s
+            limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
+            name = f".fw-junit-{uuid.uuid4().hex}.xml"
+            files = " ".join(dict.fromkeys(_quote(file_of_test(t)) for t in test_ids))
+            with create_sandbox(base, limits, kind=kind) as sb:
+                res = sb.run(f"{task.test_command} -p no:cacheprovider --junitxml={name} {files}",
+                             timeout_s=cfg.grade_timeout_s, env=PYTEST_ENV)
+                if res.timed_out:
+                    components["timed_out"] = 1.0
+                xml_path = Path(sb.workspace) / name
+                if xml_path.is_file() and not xml_path.is_symlink():
+                    try:
+                        report = parse_junit(xml_path.read_text(encoding="utf-8", errors="replace"))
+                    except ValueError:
+                        components["bad_report"] = 1.0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    status = statuses_of(test_ids, report)
+    tests = score_tests(status, cfg.partial_credit)
+    penalty = penalty_of(flags, cfg)
+    components.update(tests=tests, penalty=penalty)
+    return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status)
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rubric judge
+
+
+JUDGE_SYSTEM = ("You grade the work of a coding agent. For each criterion give a score from 0 (bad) to 10 "
+                "(excellent). Reply with exactly one line per criterion: `<name>: <score>`.")
+
+
+def parse_scores(text: str, names: list[str]) -> dict[str, float]:
+    """`name: 7` lines (or a JSON-ish `"name": 7`) -> {name: 0.7}; criteria not found are absent."""
+    out: dict[str, float] = {}
+    for name in names:
+        m = re.search(rf"{re.escape(name)}[\"'*]*\s*[:=]?\s*(-?\d+(?:\.\d+)?)", text, re.IGNORECASE)
+        if m:
+            out[name] = min(max(float(m.group(1)), 0.0), 10.0) / 10.0
+    return out
+
+
+@dataclass
+class RubricScore:
+    value: float  # weighted mean in [0, 1]; a criterion the judge did not score counts 0
+    scores: dict[str, float]
+    text: str
+    num_missing: int
+
+
+class RubricJudge:
+    """An LLM judge over weighted criteria, through any flywheel `Engine` and `ChatFormat`.
+
+        judge = RubricJudge(engine, ChatFormat(tokenizer), [("correct", 2.0, "the fix is right"),
+                                                           ("minimal", 1.0, "no unrelated changes")])
+        score = await judge.score(task, diff=workspace_diff(task, ws))
+        reward = combine(test_reward, score, cfg.env)
+    """
+
+    def __init__(self, engine: Any, chat_format: Any, criteria: list[tuple[str, float, str]], *,
+                 max_new_tokens: int = 96, temperature: float = 0.0) -> None:
+        if not criteria:
+            raise ValueError("a rubric needs at least one (name, weight, description) criterion")
+        for c in criteria:
+            if not (isinstance(c, (tuple, list)) and len(c) == 3 and isinstance(c[0], str) and c[0].strip()
+                    and isinstance(c[1], (int, float)) and c[1] >= 0 and isinstance(c[2], str)):
+                raise ValueError(f"rubric criterion {c!r} must be (name: str, weight >= 0, description: str)")
+        if sum(c[1] for c in criteria) <= 0:
+            raise ValueError("rubric weights must not all be 0")
+        self.engine, self.chat = engine, chat_format
+        self.criteria = [(str(n), float(w), str(d)) for n, w, d in criteria]
+        self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                                       stop_token_ids=list(getattr(chat_format, "stop_token_ids", [])))
+
+    def messages(self, task: Task, diff: str = "", transcript: str = "") -> list[Message]:
+        crit = "\n".join(f"- {n} (weight {w:g}): {d}" for n, w, d in self.criteria)
+        user = f"Task:\n{task.problem}\n\nChanges:\n{diff or '(none)'}\n"
+        if transcript:
+            user += f"\nTranscript:\n{transcript[-4000:]}\n"
+        user += f"\nCriteria:\n{crit}"
+        return [Message("system", JUDGE_SYSTEM), Message("user", user)]
+
+    async def score(self, task: Task, diff: str = "", transcript: str = "") -> RubricScore:
+        ids = self.chat.render(self.messages(task, diff, transcript))
+        gen = await self.engine.generate(ids, self.sampling)
+        text = self.chat.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        names = [n for n, _, _ in self.criteria]
+        scores = parse_scores(text, names)
+        total_w = sum(w for _, w, _ in self.criteria)
+        value = sum(w * scores.get(n, 0.0) for n, w, _ in self.criteria) / total_w
+        return RubricScore(value=value, scores=scores, text=text, num_missing=len(names) - len(scores))
+
+
+def combine(reward: Reward, rubric: RubricScore | float, cfg: EnvConfig) -> Reward:
+    """Test reward and rubric mixed by `test_weight` / `rubric_weight`; the penalty is kept as is."""
+    r = rubric.value if isinstance(rubric, RubricScore) else float(rubric)
+    tests = reward.components.get("tests", 0.0)
+    penalty = reward.components.get("penalty", 0.0)
+    comps = dict(reward.components, rubric=r)
+    return Reward(value=cfg.test_weight * tests + cfg.rubric_weight * r + penalty, components=comps,
+                  flags=list(reward.flags), tests=dict(reward.tests))
