@@ -44,9 +44,8 @@ class InferenceNode:
         import torch
 
         from flywheel.envs.env import CodingEnv
-        from flywheel.envs.tools import TOOLS
         from flywheel.inference.local import LocalEngine
-        from flywheel.policy.chat import ChatFormat
+        from flywheel.pipeline.midtrain import chat_format
         from flywheel.policy.model import load_model
         from flywheel.policy.tokenizer import load_tokenizer
         from flywheel.rollout.worker import RolloutWorker
@@ -58,7 +57,7 @@ class InferenceNode:
         self.spec = spec
         self.cfg = FlywheelConfig.model_validate(spec.config)
         self.tokenizer = load_tokenizer(spec.tokenizer_dir)
-        self.chat = ChatFormat(self.tokenizer, TOOLS)
+        self.chat = chat_format(self.tokenizer, self.cfg.env)
         model = load_model(spec.model_dir, self.cfg.model.dtype)
         self.engine = LocalEngine(model, max_batch_size=self.cfg.inference.max_batch_size, tokenizer=self.tokenizer)
         self.subscriber = Subscriber.from_config(WeightStore(spec.store_url), self.engine, self.cfg.weights)

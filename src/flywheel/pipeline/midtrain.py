@@ -23,11 +23,12 @@ def env_factory(cfg: FlywheelConfig, run_dir: Path):
     return lambda: CodingEnv(cfg.env, cache, cfg.env.sandbox)
 
 
-def chat_format(tokenizer):
-    from flywheel.envs.tools import TOOLS
+def chat_format(tokenizer, env_cfg):
+    """The chat format with the tool schemas this env config offers."""
+    from flywheel.envs.tools import tools_for
     from flywheel.policy.chat import ChatFormat
 
-    return ChatFormat(tokenizer, TOOLS)
+    return ChatFormat(tokenizer, tools_for(env_cfg))
 
 
 def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
@@ -40,7 +41,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     out = run_dir / "base_model"
     if (out / "config.json").exists():
         return out
-    chat = chat_format(tokenizer)
+    chat = chat_format(tokenizer, cfg.env)
     n = cfg.midtrain.num_transcripts
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)

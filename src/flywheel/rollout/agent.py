@@ -35,6 +35,10 @@ class EnvironmentFailure(RuntimeError):
     """The session broke for a reason outside the policy (sandbox, grader or engine error)."""
 
 
+class _ContextFull(Exception):
+    """The engine refused to extend the context (it is at the model's limit): the session ends there."""
+
+
 @dataclass
 class _SegmentBuilder:
     """Accumulates one context window; `append` keeps the five per-token lists aligned."""
@@ -84,17 +88,11 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
     timings = {"generate_s": 0.0, "env_s": 0.0, "grade_s": 0.0}
     stop_ids = list(chat.stop_token_ids)
     end_of_turn = stop_ids[0]
-    try:
-        t0 = time.monotonic()
-        messages = await asyncio.to_thread(env.reset, task)
-        timings["env_s"] += time.monotonic() - t0
-    except Exception as err:  # the sandbox or the task broke before the policy acted
-        raise EnvironmentFailure(f"reset failed for task {task.id}: {err}") from err
-    head = _task_messages(messages)
     seg = _SegmentBuilder()
-    seg.observe(chat.render(messages))
+    head: list[Message] = []
     total_sampled = 0
     summaries = 0
+    turns_in_segment = 0
     done = False
     deadline = t_start + min(cfg.wall_clock_s, task.limits.timeout_s or cfg.wall_clock_s)
     max_turns = task.limits.max_turns or cfg.max_turns
@@ -106,8 +104,8 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
         t0 = time.monotonic()
         try:
             gen = await engine.generate(list(seg.token_ids), sampling)
-        except ValueError:
-            raise  # a request the engine refuses (e.g. over its context) is the caller's bug: surface it
+        except ValueError as err:  # the engine refuses the request: the context is full
+            raise _ContextFull(str(err)) from err
         except Exception as err:
             raise EnvironmentFailure(f"engine failed: {err}") from err
         timings["generate_s"] += time.monotonic() - t0
@@ -118,11 +116,19 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
         return gen, chat.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
 
     try:
+        t0 = time.monotonic()
+        try:
+            messages = await asyncio.to_thread(env.reset, task)
+        except Exception as err:  # the sandbox or the task broke before the policy acted
+            raise EnvironmentFailure(f"reset failed for task {task.id}: {err}") from err
+        timings["env_s"] += time.monotonic() - t0
+        head = _task_messages(messages)
+        seg.observe(chat.render(messages))
         while traj.num_turns < max_turns:
             budget = cfg.max_total_tokens - total_sampled
             if budget <= 0 or time.monotonic() > deadline:
                 break
-            if cfg.summarize_at and len(seg.token_ids) > cfg.summarize_at:
+            if cfg.summarize_at and len(seg.token_ids) > cfg.summarize_at and turns_in_segment > 0:
                 seg.observe(chat.render_observation([Message(role="user", content=SUMMARY_REQUEST)]))
                 _, text = await generate(min(cfg.max_new_tokens, budget), 10_000 + summaries)
                 summary = chat.parse(text).content.strip()
@@ -130,21 +136,24 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
                 summaries += 1
                 seg = _SegmentBuilder()
                 seg.observe(chat.render(head + [Message(role="user", content=SUMMARY_PREFIX + summary)]))
+                turns_in_segment = 0  # a rebuilt context longer than summarize_at must not summarize again at once
                 continue
-            _, text = await generate(min(cfg.max_new_tokens, budget), traj.num_turns)
+            try:
+                _, text = await generate(min(cfg.max_new_tokens, budget), traj.num_turns)
+            except _ContextFull as err:
+                traj.meta["context_full"] = str(err)
+                break
             traj.num_turns += 1
+            turns_in_segment += 1
             parsed = chat.parse(text)
             if not parsed.tool_calls and not parsed.errors:
                 break  # an answer without a tool call ends the session, as in the product's harness
-            traj.num_tool_calls += len(parsed.tool_calls) + len(parsed.errors)
-            traj.num_tool_errors += len(parsed.errors)
             t0 = time.monotonic()
             try:
                 obs, done = await asyncio.to_thread(env.step, parsed.tool_calls, parsed.errors)
             except Exception as err:
                 raise EnvironmentFailure(f"tool execution failed: {err}") from err
             timings["env_s"] += time.monotonic() - t0
-            traj.num_tool_errors += sum(1 for m in obs if m.content.startswith("Error"))
             if done:
                 break
             seg.observe(chat.render_observation(obs))
@@ -155,6 +164,9 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
         except Exception as err:
             raise EnvironmentFailure(f"grading failed for task {task.id}: {err}") from err
         timings["grade_s"] = time.monotonic() - t0
+        env_metrics = env.metrics() if hasattr(env, "metrics") else {}
+        traj.num_tool_calls = int(env_metrics.get("num_tool_calls", 0))
+        traj.num_tool_errors = int(env_metrics.get("num_tool_errors", 0))
     finally:
         await asyncio.to_thread(env.close)
     timings["total_s"] = time.monotonic() - t_start
