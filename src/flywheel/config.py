@@ -147,6 +147,7 @@ class OrchestratorConfig(Section):
     backend: Literal["local", "ray"] = Field("local", description="where components run")
     mode: Literal["async", "sync"] = Field("async", description="async pipeline or on-policy baseline")
     max_staleness: int = Field(4, ge=0, le=1000, description="trainer versions a trajectory may lag; staler are dropped")
+    drop_uniform_groups: bool = Field(True, description="drop groups whose sessions all got one reward (no GRPO signal)")
     num_engines: int = Field(1, ge=1, le=10_000, description="inference engines (each with its rollout workers)")
     ray_address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
 
@@ -189,6 +190,14 @@ class MetricsConfig(Section):
     report: bool = Field(True, description="write report.html at the end of a run")
 
 
+class NumericsConfig(Section):
+    """Train-inference numerics (docs/numerics.md)."""
+
+    batch_invariant: bool = Field(
+        False, description="engine and trainer compute each token's log-prob with one reduction order "
+                           "(bit-identical log-probs; Qwen3 / Qwen3-MoE, float32)")
+
+
 class FlywheelConfig(Section):
     """A whole run. `run_dir` holds config.json, metrics, checkpoints, weights and the report."""
 
@@ -209,6 +218,7 @@ class FlywheelConfig(Section):
     synth: SynthConfig = Field(default_factory=SynthConfig)
     midtrain: MidtrainConfig = Field(default_factory=MidtrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    numerics: NumericsConfig = Field(default_factory=NumericsConfig)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ class LocalEngine:
     """Implements flywheel.inference.base.Engine on a local torch model (CPU or one GPU)."""
 
     def __init__(self, model, *, max_batch_size: int = 64, max_seq_len: int | None = None,
-                 tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096):
+                 tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096, batch_invariant: bool = False):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -77,7 +77,11 @@ class LocalEngine:
         self.max_seq_len = int(max_seq_len or model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
         self.is_native = qwen3.supports(model)
-        self.runner = (qwen3.Qwen3Runner(model, self.max_seq_len) if self.is_native
+        if batch_invariant and not self.is_native:
+            raise ValueError(f"numerics.batch_invariant needs a Qwen3 / Qwen3-MoE model (the native runner); "
+                             f"model_type '{model.config.model_type}' is not supported: set it to false")
+        self.batch_invariant = bool(batch_invariant)
+        self.runner = (qwen3.Qwen3Runner(model, self.max_seq_len, batch_invariant) if self.is_native
                        else HFRunner(model, self.max_seq_len))
         self.is_moe = bool(getattr(self.runner, "is_moe", False))
         eos = getattr(model.config, "eos_token_id", None)
@@ -307,11 +311,12 @@ class LocalEngine:
                           ttft_s=r.ttft_s)
 
 
-def build_engine(cfg, model, tokenizer=None) -> LocalEngine:
-    """An engine from an InferenceConfig. Only `type = "local"` builds here (remote lives in remote.py)."""
+def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False) -> LocalEngine:
+    """An engine from an InferenceConfig. Only `type = "local"` builds here (remote lives in remote.py).
+    `batch_invariant` is `numerics.batch_invariant` (log-probs bit-identical to the trainer's)."""
     if cfg.type != "local":
         raise ValueError(f"build_engine builds inference.type = 'local'; got '{cfg.type}' (use the remote client)")
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)  # explicit user request; process-wide in torch
     return LocalEngine(model, max_batch_size=cfg.max_batch_size, max_prefill_tokens=cfg.max_prefill_tokens,
-                       tokenizer=tokenizer)
+                       tokenizer=tokenizer, batch_invariant=batch_invariant)

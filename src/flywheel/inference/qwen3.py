@@ -17,6 +17,11 @@ Batch invariance (greedy batched decoding == decoding alone, bit for bit): the r
 depend on which other rows share the step. Attention is per row, so only the matmuls matter; MKL picks
 different kernels (different reduction orders) for small row counts (M = 1, 2, 3, 5, 7, 9 all differ
 from M >= 8 on the CPUs we measured), so every linear pads its rows up to a multiple of `ROW_TILE`.
+
+`batch_invariant=True` (numerics.batch_invariant) goes further: attention is computed the same way in
+prefill and decode and in the trainer (`flywheel.numerics.attention`: fixed key spans, 8-row query blocks),
+so a token's log-prob is bit-identical whether it came from a prefill, a decode step in any batch, or the
+trainer's forward (`flywheel.numerics.batch_invariant`). Caches are then zero-filled and tile-rounded.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from flywheel.numerics import attention as bi_attention
 
 ROW_TILE = 8  # linears run on a multiple of this many rows: one kernel family, one reduction order
 
@@ -82,11 +89,12 @@ def supports(model) -> bool:
 class Qwen3Runner:
     """Prefill and batched decode for Qwen3 / Qwen3-MoE, reading the HF module's parameters live."""
 
-    def __init__(self, model, max_seq_len: int):
+    def __init__(self, model, max_seq_len: int, batch_invariant: bool = False):
         if not supports(model):
             raise ValueError(f"Qwen3Runner does not support model_type '{model.config.model_type}'")
         cfg = model.config
         self.model = model
+        self.batch_invariant = bool(batch_invariant)
         self.layers = list(model.model.layers)
         self.num_layers = len(self.layers)
         attn = self.layers[0].self_attn
@@ -108,6 +116,11 @@ class Qwen3Runner:
         self.sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
 
     def new_cache(self, capacity: int) -> KVCache:
+        if self.batch_invariant:  # decode reads whole key tiles: zeros (finite) after the filled length
+            shape = (self.num_layers, self.num_kv_heads, bi_attention.round_up(capacity, bi_attention.ATTN_TILE),
+                     self.head_dim)
+            return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
         shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
         return KVCache(torch.empty(shape, dtype=self.dtype, device=self.device),
                        torch.empty(shape, dtype=self.dtype, device=self.device))
@@ -171,10 +184,13 @@ class Qwen3Runner:
             q, k, v = self._qkv(attn, h, cos, sin)
             cache.k[li, :, :n] = k.transpose(0, 1)
             cache.v[li, :, :n] = v.transpose(0, 1)
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache.k[li, :, :n][None],
-                                               cache.v[li, :, :n][None], is_causal=True,
-                                               scale=self.scaling, enable_gqa=True)  # [1, H, T, hd]
-            o = o[0].transpose(0, 1).reshape(n, -1)
+            if self.batch_invariant:
+                o = bi_attention.sequence_attention(q[None], k[None], v[None], self.scaling)[0]  # [T, H*hd]
+            else:
+                o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache.k[li, :, :n][None],
+                                                   cache.v[li, :, :n][None], is_causal=True,
+                                                   scale=self.scaling, enable_gqa=True)  # [1, H, T, hd]
+                o = o[0].transpose(0, 1).reshape(n, -1)
             x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
             h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + h
@@ -205,9 +221,15 @@ class Qwen3Runner:
                 p = pos[i]
                 c.k[li, :, p] = k[i]
                 c.v[li, :, p] = v[i]
+                if self.batch_invariant:
+                    continue
                 outs.append(sdpa(q[i][None, :, None], c.k[li, :, : p + 1][None], c.v[li, :, : p + 1][None],
                                  scale=self.scaling, enable_gqa=True))  # [1, H, 1, hd]
-            o = torch.cat(outs).reshape(b, -1)
+            if self.batch_invariant:
+                o = bi_attention.decode_attention(q, [c.k[li] for c in caches], [c.v[li] for c in caches], pos,
+                                                  self.scaling)  # [B, H*hd]
+            else:
+                o = torch.cat(outs).reshape(b, -1)
             x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
             h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + h

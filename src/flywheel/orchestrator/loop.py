@@ -92,7 +92,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     model = load_model(base_model_dir, cfg.model.dtype)
     trainer = Trainer(model, cfg.trainer, run_dir, pad_token_id=model.config.pad_token_id or 0,
                       temperature=cfg.rollout.temperature or 1.0)
-    buffer = Buffer(max_staleness=0 if sync else cfg.orchestrator.max_staleness)
+    buffer = Buffer(max_staleness=0 if sync else cfg.orchestrator.max_staleness,
+                    drop_uniform_groups=cfg.orchestrator.drop_uniform_groups)
     admitted = AdmittedLog(run_dir / "trajectories" / "admitted.jsonl")
     state = trainer.load_checkpoint() if resume else {}
     if state:

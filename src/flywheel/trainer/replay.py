@@ -4,6 +4,8 @@
         logits = model(input_ids).logits
     stats.agreement                                   # fraction of replayed (token, layer) pairs whose own
                                                       # top-k equals the replayed experts
+    stats.layer_agreement                             # the same, per MoE layer
+    with router_replay(model, experts, apply=False):  # measure the agreement only; the model routes itself
     with record_routing(model) as rec: model(ids)     # rec.experts(): [B*T, L, K], what the model chose
 
 Why: a tiny difference in hidden states (bf16 inference kernels, another batch shape) flips the top-k
@@ -40,13 +42,20 @@ def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
 class ReplayStats:
     num_replayed: int = 0  # (token, layer) pairs routed by replay
     num_agree: int = 0  # ... of which the trainer's own top-k set was the same
+    layer_replayed: list[int] = field(default_factory=list)  # per MoE layer, same counts
+    layer_agree: list[int] = field(default_factory=list)
+
+    @property
+    def layer_agreement(self) -> list[float]:
+        return [a / n if n else 1.0 for a, n in zip(self.layer_agree, self.layer_replayed)]
 
     @property
     def agreement(self) -> float:
         return self.num_agree / self.num_replayed if self.num_replayed else 1.0
 
 
-def _replayed_forward(router: torch.nn.Module, layer: int, experts_bt: torch.Tensor, stats: ReplayStats):
+def _replayed_forward(router: torch.nn.Module, layer: int, experts_bt: torch.Tensor, stats: ReplayStats,
+                      apply: bool = True):
     def forward(self, hidden_states: torch.Tensor):
         hidden_states = hidden_states.reshape(-1, self.hidden_dim)
         if hidden_states.shape[0] != experts_bt.shape[0]:
@@ -57,7 +66,7 @@ def _replayed_forward(router: torch.nn.Module, layer: int, experts_bt: torch.Ten
         own = torch.topk(probs, self.top_k, dim=-1).indices  # [N, K]
         replay = experts_bt[:, layer, :]  # [N, K]
         use = (replay >= 0).all(-1)
-        indices = torch.where(use[:, None], replay, own)
+        indices = torch.where(use[:, None], replay, own) if apply else own
         values = probs.gather(-1, indices)
         if self.norm_topk_prob:
             values = values / values.sum(dim=-1, keepdim=True)
@@ -65,14 +74,18 @@ def _replayed_forward(router: torch.nn.Module, layer: int, experts_bt: torch.Ten
             agree = (own.sort(-1).values == replay.sort(-1).values).all(-1) & use
             stats.num_replayed += int(use.sum())
             stats.num_agree += int(agree.sum())
+            stats.layer_replayed[layer] += int(use.sum())
+            stats.layer_agree[layer] += int(agree.sum())
         return router_logits, values.to(router_logits.dtype), indices
 
     return types.MethodType(forward, router)
 
 
 @contextmanager
-def router_replay(model: torch.nn.Module, routed_experts: torch.Tensor | None) -> Iterator[ReplayStats]:
+def router_replay(model: torch.nn.Module, routed_experts: torch.Tensor | None,
+                  apply: bool = True) -> Iterator[ReplayStats]:
     """Patch every router of `model` to use `routed_experts` [B, T, L, K] (-1 = own routing) for one forward.
+    `apply=False` only counts the agreement (the model routes itself; same results as no patch).
 
     `None` replays nothing (the context is then a no-op), so callers need no branch for dense models.
     """
@@ -94,9 +107,10 @@ def router_replay(model: torch.nn.Module, routed_experts: torch.Tensor | None) -
     device = routers[0].weight.device
     experts_bt = routed_experts.reshape(b * t, num_layers, k).to(device=device, dtype=torch.long)
     saved = [r.__dict__.get("forward") for r in routers]
+    stats.layer_replayed, stats.layer_agree = [0] * len(routers), [0] * len(routers)
     try:
         for layer, r in enumerate(routers):
-            r.forward = _replayed_forward(r, layer, experts_bt, stats)
+            r.forward = _replayed_forward(r, layer, experts_bt, stats, apply)
         yield stats
     finally:
         for r, old in zip(routers, saved):

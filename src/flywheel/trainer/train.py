@@ -25,6 +25,9 @@ Checkpoints: with `extra_state_fn` (returns the orchestrator's JSON state) the t
 every `checkpoint_every` steps; without it the caller saves when `checkpoint_due()` says so, passing
 its state to `save_checkpoint` (orchestrator/loop.py does that).
 
+Batch-invariant mode (`batch_invariant=True`, numerics.batch_invariant): log-probs come from the engine's
+native math (numerics/batch_invariant.py), bit-identical to the engine's; see docs/numerics.md.
+
 Routed experts: `Segment.routed_experts[i]` is taken as the routing of the forward that produced token
 i, i.e. of input position i-1 (what an engine records at the decode step that samples token i); it is
 replayed at that position. Positions without a record use the trainer's own routing.
@@ -41,6 +44,7 @@ from typing import Any, Callable
 import torch
 
 from flywheel.config import TrainerConfig
+from flywheel.numerics.batch_invariant import BatchInvariantForward, check_model
 from flywheel.policy.logprobs import logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
@@ -117,7 +121,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, run_dir: Path | None = None, ref_model=None, *,
                  extra_state_fn: Callable[[], dict[str, Any]] | None = None, pad_token_id: int = 0,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, batch_invariant: bool = False):
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("trainer.kl_coef > 0 needs a reference model (ref_model=...); or set kl_coef = 0")
         self.model = model
@@ -129,13 +133,23 @@ class Trainer:
         self.extra_state_fn = extra_state_fn
         self.pad_token_id = pad_token_id
         self.temperature = temperature  # the sampler's: log-probs must be of the same distribution
+        # numerics.batch_invariant: score with the engine's native math (bit-identical log-probs)
+        self.batch_invariant = bool(batch_invariant)
+        self._bi_forwards: dict[int, BatchInvariantForward] = {}
+        if self.batch_invariant:
+            if cfg.dtype != "float32":
+                raise ValueError("numerics.batch_invariant computes in float32 like the engine; set trainer.dtype = "
+                                 "'float32' or numerics.batch_invariant = false")
+            for m in (model, ref_model):
+                if m is not None:
+                    check_model(m)
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self._moe_shape = None
-        if is_moe(model) and cfg.router_replay:
+        if is_moe(model):  # sampler routing is collated for replay and for the agreement metric
             routers = moe_routers(model)
             self._moe_shape = (len(routers), routers[0].top_k) if routers else None
 
@@ -164,12 +178,22 @@ class Trainer:
                         experts[b, pos] = torch.tensor(e)
         return {"input_ids": ids.to(self.device), "attention_mask": attn.to(self.device), "experts": experts}
 
-    def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool) -> tuple[torch.Tensor, float, int]:
-        """Target log-probs [b, T-1] (fp32) and the router agreement counts of this forward."""
-        with router_replay(model, mb["experts"] if replay else None) as stats, self._autocast():
+    def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool, measure: bool = False):
+        """Target log-probs [b, T-1] (fp32) and the router agreement stats of this forward (`num_agree`,
+        `num_replayed`, per-layer `layer_agree` / `layer_replayed`). The sampler's routing is replayed when
+        `replay` and trainer.router_replay; with `measure` the agreement is counted even without replay."""
+        apply = self.cfg.router_replay
+        experts = mb["experts"] if replay and (apply or measure) else None
+        if self.batch_invariant:
+            fwd = self._bi_forwards.get(id(model))
+            if fwd is None:
+                fwd = self._bi_forwards[id(model)] = BatchInvariantForward(model)
+            logits, stats = fwd(mb["input_ids"], experts, apply_replay=apply)
+            return logprobs_from_logits(logits[:, :-1], mb["input_ids"][:, 1:], self.temperature), stats
+        with router_replay(model, experts, apply=apply) as stats, self._autocast():
             out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
             lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.temperature)
-        return lp, stats.num_agree, stats.num_replayed
+        return lp, stats
 
     @staticmethod
     def _pad(rows: list[list[float]], t: int) -> torch.Tensor:
@@ -203,12 +227,16 @@ class Trainer:
         t_max = max(len(r.mask) for r in rows)
         old = torch.zeros((len(rows), t_max))
         ref = torch.zeros((len(rows), t_max)) if self.cfg.kl_coef > 0 else None
-        num_agree = num_replayed = 0
+        layer_agree: list[int] = []
+        layer_replayed: list[int] = []
         self.model.eval()
         with torch.no_grad():
             for g, mb in zip(groups, micro):
-                lp, a, n = self._logprobs(self.model, mb, replay=True)
-                num_agree, num_replayed = num_agree + a, num_replayed + n
+                lp, st = self._logprobs(self.model, mb, replay=True, measure=True)
+                if st.layer_replayed:
+                    layer_agree = [a + b for a, b in zip(st.layer_agree, layer_agree or [0] * len(st.layer_agree))]
+                    layer_replayed = [a + b for a, b in
+                                      zip(st.layer_replayed, layer_replayed or [0] * len(st.layer_replayed))]
                 old[g, :lp.shape[1]] = lp.cpu()
                 if ref is not None:
                     ref[g, :lp.shape[1]] = self._logprobs(self.ref_model, mb, replay=False)[0].cpu()
@@ -227,7 +255,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0}
         for g, mb in zip(groups, micro):
-            lp, _, _ = self._logprobs(self.model, mb, replay=True)
+            lp, _ = self._logprobs(self.model, mb, replay=True)
             tt = lp.shape[1]
             dev = lambda x: x[g, :tt].to(self.device)  # noqa: E731
             loss, m = policy_loss(
@@ -271,8 +299,10 @@ class Trainer:
             **{k: float(v) for k, v in is_metrics.items()},
             **{f"mismatch/{k}": v for k, v in mism.items()},
         }
-        if num_replayed:
-            metrics["router_agreement"] = num_agree / num_replayed
+        if sum(layer_replayed):  # MoE: sampler vs trainer top-k agreement, overall and per MoE layer
+            metrics["router_agreement"] = sum(layer_agree) / sum(layer_replayed)
+            for i, (a, n) in enumerate(zip(layer_agree, layer_replayed)):
+                metrics[f"router_agreement/layer_{i}"] = a / n if n else 1.0
         if not all(map(lambda v: v == v, (metrics["loss"], grad_norm))):
             log.warning("trainer step %d produced a NaN loss or gradient norm", self.version)
         if self.extra_state_fn is not None and self.checkpoint_due():

@@ -1,0 +1,184 @@
+"""Train-inference mismatch: default vs batch-invariant vs router replay, dense and MoE, in one run.
+
+    flywheel bench mismatch --out benchmarks/results/mismatch.json [--quick]
+
+For each preset (`tiny`, `tiny-moe`) the engine serves one agent-like workload (N concurrent sessions,
+random prompts, sampled at temperature 1, seeded) in its default mode and in batch-invariant mode; the
+Trainer then takes one step on those trajectories (default: HF forward; batch_invariant: the native
+forward; router_replay: HF forward with the sampler's experts). The step's own metrics give the mismatch
+(k3, max |Δ log p|, the trainer's own top-k agreement with the sampler) and its tokens/s; the engine's
+wall time gives its tokens/s. Costs are 1 - mode tokens/s / default tokens/s, medians over repeats,
+modes interleaved so that load from other processes hits them alike.
+
+Router replay is measured twice: with an fp32 sampler (same math as the trainer up to reduction order:
+routing almost never flips) and with a bfloat16 sampler (how production inference runs; routing flips).
+`replay_k3_reduction_moe` and `replay_expert_agreement` (experts the trainer forward actually used ==
+the sampler's) come from the bfloat16 sampler. One torch thread (tiny models on a shared machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import statistics
+import time
+
+import torch
+
+from flywheel.config import ModelConfig, TrainerConfig
+from flywheel.inference.local import LocalEngine
+from flywheel.policy.model import build_model
+from flywheel.trainer.replay import record_routing, router_replay
+from flywheel.trainer.train import Trainer
+from flywheel.types import Reward, SamplingParams, Segment, Trajectory
+
+VOCAB = 2048
+
+
+def _workload(quick: bool, seed: int = 0):
+    rng = random.Random(seed)
+    num, lo, hi, new = (16, 20, 100, 16) if quick else (32, 50, 300, 48)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=new, seed=i) for i in range(num)]
+    return prompts, params
+
+
+def _serve(model, prompts, params, batch_invariant: bool):
+    async def main():
+        async with LocalEngine(model, batch_invariant=batch_invariant, max_seq_len=1024) as engine:
+            t0 = time.perf_counter()
+            gens = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
+            return gens, time.perf_counter() - t0
+    gens, wall_s = asyncio.run(main())
+    return gens, sum(len(g.token_ids) for g in gens) / wall_s
+
+
+def _trajectories(prompts, gens) -> list[Trajectory]:
+    out = []
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        routed = None if g.routed_experts is None else [[] for _ in p] + g.routed_experts
+        seg = Segment(token_ids=p + g.token_ids, loss_mask=[0] * len(p) + [1] * len(g.token_ids),
+                      logprobs=[0.0] * len(p) + g.logprobs, versions=[0] * (len(p) + len(g.token_ids)),
+                      routed_experts=routed)
+        out.append(Trajectory(task_id="bench", group_id=f"g{i % 4}", segments=[seg],
+                              reward=Reward(value=float(i % 2))))
+    return out
+
+
+def _step(model, trajs, replay: bool, bi: bool) -> dict:
+    cfg = TrainerConfig(lr=1e-6, router_replay=replay, micro_batch_tokens=4096)
+    return Trainer(copy.deepcopy(model), cfg, batch_invariant=bi).step(trajs)
+
+
+def _used_expert_agreement(model, prompts, gens) -> dict[str, float]:
+    """Fraction of generated (token, layer) pairs whose experts in the trainer's HF forward equal the
+    sampler's: routing freely and with replay."""
+    out = {}
+    for replay in (False, True):
+        agree = total = 0
+        for p, g in zip(prompts, gens):
+            ids = torch.tensor([p + g.token_ids])
+            sampler = torch.full((1, ids.shape[1], len(g.routed_experts[0]), len(g.routed_experts[0][0])), -1)
+            for i, e in enumerate(g.routed_experts):  # token i was produced at input position len(p) - 1 + i
+                sampler[0, len(p) - 1 + i] = torch.tensor(e)
+            with torch.no_grad(), record_routing(model) as rec, router_replay(model, sampler if replay else None):
+                model(input_ids=ids)
+            used = rec.experts()  # [T, L, K]
+            pos = slice(len(p) - 1, len(p) - 1 + len(g.token_ids))
+            same = (used[pos].sort(-1).values == sampler[0, pos].sort(-1).values).all(-1)
+            agree, total = agree + int(same.sum()), total + same.numel()
+        out["replay" if replay else "default"] = agree / total
+    return out
+
+
+def _preset(preset: str, quick: bool, repeats: int) -> dict:
+    model = build_model(ModelConfig(preset=preset, max_seq_len=1024), vocab_size=VOCAB)
+    moe = preset == "tiny-moe"
+    prompts, params = _workload(quick)
+    engine_tps = {"default": [], "batch_invariant": []}
+    gens = {}
+    for _ in range(repeats):
+        for mode in engine_tps:
+            g, tps = _serve(model, prompts, params, batch_invariant=mode == "batch_invariant")
+            engine_tps[mode].append(tps)
+            gens.setdefault(mode, g)
+    trajs = {m: _trajectories(prompts, g) for m, g in gens.items()}
+    runs = {"default": ("default", False, False), "batch_invariant": ("batch_invariant", False, True)}
+    if moe:
+        runs["router_replay"] = ("default", True, False)
+    steps: dict[str, list[dict]] = {m: [] for m in runs}
+    for _ in range(repeats):
+        for mode, (src, replay, bi) in runs.items():
+            steps[mode].append(_step(model, trajs[src], replay, bi))
+    modes = {}
+    for mode, ms in steps.items():
+        m = ms[0]
+        modes[mode] = {
+            "k3": m["mismatch/k3"], "max_abs_dlogp": m["mismatch/max_abs_diff"],
+            "mean_abs_dlogp": m["mismatch/mean_abs_diff"],
+            "own_topk_agreement": m.get("router_agreement"),
+            "trainer_tokens_per_s": statistics.median(x["tokens_per_s"] for x in ms),
+        }
+    for mode in engine_tps:
+        modes[mode]["engine_tokens_per_s"] = statistics.median(engine_tps[mode])
+    if moe:
+        modes["router_replay"]["engine_tokens_per_s"] = modes["default"]["engine_tokens_per_s"]  # same engine
+        used = _used_expert_agreement(model, prompts, gens["default"])
+        modes["default"]["used_expert_agreement"] = used["default"]
+        modes["router_replay"]["used_expert_agreement"] = used["replay"]
+    base = modes["default"]
+    for mode, r in modes.items():
+        r["engine_cost"] = 1 - r["engine_tokens_per_s"] / base["engine_tokens_per_s"]
+        r["trainer_cost"] = 1 - r["trainer_tokens_per_s"] / base["trainer_tokens_per_s"]
+    result = {"modes": modes, "engine_tokens_per_s_runs": engine_tps,
+              "trainer_tokens_per_s_runs": {m: [x["tokens_per_s"] for x in ms] for m, ms in steps.items()},
+              "num_sessions": len(prompts), "num_generated_tokens": sum(len(g.token_ids) for g in gens["default"])}
+    if moe:  # a bfloat16 sampler (as inference engines run) against the fp32 trainer: routing flips
+        m16 = copy.deepcopy(model).to(torch.bfloat16)
+        g16, _ = _serve(m16, prompts, params, batch_invariant=False)
+        t16 = _trajectories(prompts, g16)
+        free, rep = _step(model, t16, False, False), _step(model, t16, True, False)
+        used = _used_expert_agreement(model, prompts, g16)
+        result["bf16_sampler"] = {
+            "default": {"k3": free["mismatch/k3"], "max_abs_dlogp": free["mismatch/max_abs_diff"],
+                        "used_expert_agreement": used["default"]},
+            "router_replay": {"k3": rep["mismatch/k3"], "max_abs_dlogp": rep["mismatch/max_abs_diff"],
+                              "used_expert_agreement": used["replay"]},
+            "k3_reduction": free["mismatch/k3"] / rep["mismatch/k3"] if rep["mismatch/k3"] > 0 else None,
+        }
+    return result
+
+
+def run(args) -> dict:
+    quick = bool(getattr(args, "quick", False))
+    repeats = 1 if quick else 3
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        presets = {p: _preset(p, quick, repeats) for p in ("tiny", "tiny-moe")}
+    finally:
+        torch.set_num_threads(threads)
+    dense, moe = presets["tiny"]["modes"], presets["tiny-moe"]["modes"]
+    k3_fp32 = moe["router_replay"]["k3"]
+    summary = {
+        "bi_max_abs_dlogp_dense": dense["batch_invariant"]["max_abs_dlogp"],
+        "bi_max_abs_dlogp_moe": moe["batch_invariant"]["max_abs_dlogp"],
+        "bi_engine_cost": max(dense["batch_invariant"]["engine_cost"], moe["batch_invariant"]["engine_cost"]),
+        "bi_trainer_cost": max(dense["batch_invariant"]["trainer_cost"], moe["batch_invariant"]["trainer_cost"]),
+        "bi_engine_cost_dense": dense["batch_invariant"]["engine_cost"],
+        "bi_engine_cost_moe": moe["batch_invariant"]["engine_cost"],
+        "bi_trainer_cost_dense": dense["batch_invariant"]["trainer_cost"],
+        "bi_trainer_cost_moe": moe["batch_invariant"]["trainer_cost"],
+        "default_max_abs_dlogp_dense": dense["default"]["max_abs_dlogp"],
+        "default_max_abs_dlogp_moe": moe["default"]["max_abs_dlogp"],
+        "default_k3_moe": moe["default"]["k3"],
+        "replay_expert_agreement": presets["tiny-moe"]["bf16_sampler"]["router_replay"]["used_expert_agreement"],
+        "default_expert_agreement_bf16_sampler": presets["tiny-moe"]["bf16_sampler"]["default"]["used_expert_agreement"],
+        "replay_k3_reduction_moe": presets["tiny-moe"]["bf16_sampler"]["k3_reduction"],
+        "replay_k3_reduction_moe_fp32_sampler": moe["default"]["k3"] / k3_fp32 if k3_fp32 > 0 else None,
+        "replay_trainer_cost_moe": moe["router_replay"]["trainer_cost"],
+        "torch_threads": 1,
+        "quick": quick,
+    }
+    return {"summary": summary, "presets": presets}

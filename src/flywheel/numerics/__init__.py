@@ -1,0 +1,1 @@
+"""Train-inference numerics: batch-invariant forward passes (see docs/numerics.md)."""
