@@ -113,9 +113,10 @@ def test_difficulty_levels_shape_the_statement():
     for t in easy:
         mod = t.meta["module"]
         assert t.problem.startswith(f"In `{mod}`, function `{t.meta['name']}`")
-        old, new = t.meta["old"][0].strip(), t.meta["new"][0].strip()
-        assert f"the line `{old}` should be `{new}`" in t.problem
+        old, new = t.meta["edit"]  # the shortest whole-token edit, no longer than the changed line
+        assert f"`{old}` should be `{new}`" in t.problem and len(old) <= len(t.meta["old"][0].strip())
         assert t.files[mod].count(old) == 1
+        assert t.files[mod].replace(old, new, 1) == t.solution[mod]
         calls = oracle_actions(t)  # the oracle's edit is exactly what the statement says
         assert [c.name for c in calls] == ["view", "str_replace", "submit"]
         assert (calls[1].arguments["old"], calls[1].arguments["new"]) == (old, new)
@@ -123,7 +124,7 @@ def test_difficulty_levels_shape_the_statement():
         assert len(t.problem) < 240
     medium = generate_tasks(20, seed=2, difficulty="medium")
     for t in medium:
-        assert t.meta["module"] in t.problem and "should return" in t.problem and "the line" not in t.problem
+        assert t.meta["module"] in t.problem and "should return" in t.problem and "should be" not in t.problem
     hard = generate_tasks(20, seed=2, difficulty="hard")
     for t in hard:
         assert t.meta["module"] not in t.problem and "should return" in t.problem

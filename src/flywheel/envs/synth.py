@@ -32,6 +32,7 @@ import copy
 import difflib
 import json
 import random
+import re
 import sys
 import threading
 import types
@@ -412,6 +413,35 @@ def _line_diff(old: str, new: str) -> tuple[list[str], list[str]]:
     return a[i1:i2], b[j1:j2]
 
 
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def minimal_edit(old_line: str, new_line: str, current: str, target: str) -> tuple[str, str] | None:
+    """The shortest (old, new) pair of whole-token spans of one changed line such that replacing the single
+    occurrence of `old` in `current` by `new` gives `target`. Easy statements quote it, the oracle applies
+    it: copying `+ 34` → `+ 32` is what a small model can learn, a whole line is much harder."""
+    a, b = _TOKEN.findall(old_line), _TOKEN.findall(new_line)
+    p = 0
+    while p < min(len(a), len(b)) and a[p] == b[p]:
+        p += 1
+    q = 0
+    while q < min(len(a), len(b)) - p and a[-1 - q] == b[-1 - q]:
+        q += 1
+    lo, hi_a, hi_b = p, len(a) - q, len(b) - q
+    while True:
+        old, new = "".join(a[lo:hi_a]), "".join(b[lo:hi_b])
+        if old.strip() and new.strip():
+            for o, n in ((old.strip(), new.strip()), (old, new)):
+                if current.count(o) == 1 and current.replace(o, n, 1) == target:
+                    return o, n
+        if lo > 0:
+            lo -= 1
+        elif hi_a < len(a) and hi_b < len(b):
+            hi_a, hi_b = hi_a + 1, hi_b + 1
+        else:
+            return None
+
+
 def _cases(t: Template, r: random.Random, name: str, src: str, num: int) -> list[tuple[tuple, Any]]:
     seen: set[str] = set()
     out: list[tuple[tuple, Any]] = []
@@ -501,9 +531,12 @@ def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind,
     call = _call_text(name, args)
     got_text = f"{got!r}" if ok else f"raises {got}"
     mod_file = f"{module}.py"
+    edit = None
     if difficulty == "easy":
-        problem = (f"In `{mod_file}`, function `{name}` returns the wrong value: the line `{old_lines[0].strip()}` "
-                   f"should be `{new_lines[0].strip()}`.")
+        edit = minimal_edit(old_lines[0], new_lines[0], module_src, orig_src)
+        if edit is None:
+            return None
+        problem = f"In `{mod_file}`, function `{name}` returns the wrong value: `{edit[0]}` should be `{edit[1]}`."
     elif difficulty == "medium":
         problem = f"In `{mod_file}`, function `{name}` is wrong: `{call}` should return {want!r} but {got_text}."
     else:
@@ -513,7 +546,7 @@ def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind,
         hidden_files={vis_file: vis_src, hid_file: hid_src}, fail_to_pass=f2p, pass_to_pass=p2p,
         test_command="python -m pytest -q", solution={mod_file: orig_src},
         meta={"split": split, "difficulty": difficulty, "mutation": kind, "function": t.id, "name": name,
-              "module": mod_file, "old": old_lines, "new": new_lines})
+              "module": mod_file, "old": old_lines, "new": new_lines, **({"edit": list(edit)} if edit else {})})
 
 
 def generate_tasks(n: int, seed: int = 0, split: Split = "train", difficulty: str | None = None) -> list[Task]:
@@ -586,7 +619,8 @@ def oracle_actions(task: Task) -> list[ToolCall]:
             calls.append(ToolCall("write", {"path": path, "content": target}, id=f"c{len(calls)}"))
             continue
         calls.append(ToolCall("view", {"path": path}, id=f"c{len(calls)}"))
-        rep = _unique_replacement(current, target)
+        quoted = task.meta.get("edit") if path == task.meta.get("module") else None
+        rep = tuple(quoted) if quoted else _unique_replacement(current, target)
         if rep is None and current != target:
             calls.append(ToolCall("write", {"path": path, "content": target}, id=f"c{len(calls)}"))
         elif rep is not None:
