@@ -50,12 +50,12 @@ class TokenizerConfig(Section):
 
 
 class InferenceConfig(Section):
-    """Inference engine: the local torch engine, or a remote OpenAI-compatible server."""
+    """Inference engine. `local` is the torch engine (flywheel/inference/local.py); a client for remote
+    OpenAI-compatible servers (vLLM, SGLang) is planned and not built yet."""
 
-    type: Literal["local", "remote"] = Field("local", description="engine implementation")
+    type: Literal["local"] = Field("local", description="engine implementation")
     max_batch_size: int = Field(64, ge=1, le=4096, description="sessions decoded together per step")
     max_prefill_tokens: int = Field(4096, ge=16, description="prompt tokens admitted per prefill step")
-    url: str | None = Field(None, description="base URL of a remote OpenAI-compatible server (type=remote)")
     num_threads: int = Field(0, ge=0, le=1024, description="torch threads for the engine; 0 = torch default")
 
 

@@ -312,10 +312,8 @@ class LocalEngine:
 
 
 def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False) -> LocalEngine:
-    """An engine from an InferenceConfig. Only `type = "local"` builds here (remote lives in remote.py).
-    `batch_invariant` is `numerics.batch_invariant` (log-probs bit-identical to the trainer's)."""
-    if cfg.type != "local":
-        raise ValueError(f"build_engine builds inference.type = 'local'; got '{cfg.type}' (use the remote client)")
+    """An engine from an InferenceConfig. `batch_invariant` is `numerics.batch_invariant` (log-probs
+    bit-identical to the trainer's)."""
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)  # explicit user request; process-wide in torch
     return LocalEngine(model, max_batch_size=cfg.max_batch_size, max_prefill_tokens=cfg.max_prefill_tokens,

@@ -27,8 +27,9 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Busy fraction", [("trainer/busy", "trainer"), ("engine/busy", "engine")], "fraction of wall time"),
     ("Weight sync: bytes per version", [("weights/bytes_mb", "published MB"), ("weights/ratio", "ratio to full bf16")], ""),
     ("Weight sync: engine pause", [("weights/pause_ms", "pause ms"), ("weights/apply_ms", "fetch+apply ms")], "ms"),
-    ("Train–inference mismatch", [("mismatch/k3", "k3 KL"), ("mismatch/max_abs_dlogp", "max |Δ log p|"),
-                                  ("mismatch/frac_ratio_out_0.5_2", "frac ratio ∉ [0.5, 2]")], ""),
+    ("Train–inference mismatch", [("mismatch/k3", "k3 KL"), ("mismatch/max_abs_diff", "max |Δ log p|"),
+                                  ("mismatch/frac_outside_0.5_2", "frac ratio ∉ [0.5, 2]"),
+                                  ("router_agreement", "MoE expert agreement")], ""),
     ("Anti-cheat flags", [("flags/total", "flags per batch")], "count"),
 ]
 

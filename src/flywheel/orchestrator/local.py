@@ -82,14 +82,17 @@ class LocalRollouts:
         self._next = 0
 
     def start(self, timeout_s: float = 300.0) -> None:
+        import time
+
         for p in self.procs:
             p.start()
         ready = 0
+        deadline = time.monotonic() + timeout_s
         while ready < len(self.procs):
-            msg = self.get(timeout_s)
-            if msg is None:
-                raise TimeoutError("inference nodes did not start in time")
-            if msg[0] == "ready":
+            msg = self.get(1.0)  # short waits: a node that dies while starting is noticed at once
+            if msg is None and time.monotonic() > deadline:
+                raise TimeoutError(f"inference nodes did not start within {timeout_s:.0f} s")
+            if msg is not None and msg[0] == "ready":
                 ready += 1
 
     def get(self, timeout_s: float) -> tuple[str, int, Any, dict] | None:

@@ -79,19 +79,24 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
            resume: bool = False, on_step: Callable[[dict], None] | None = None,
            stop_event: threading.Event | None = None) -> dict:
     """Run RL until `cfg.trainer.num_steps` trainer steps; returns the loop's summary figures."""
-    from flywheel.orchestrator.local import LocalRollouts
     from flywheel.orchestrator.node import NodeSpec
     from flywheel.policy.model import load_model
     from flywheel.trainer.train import Trainer
     from flywheel.weights.store import WeightStore
     from flywheel.weights.sync import Publisher
 
+    import os
+
+    import torch
+
     run_dir = Path(run_dir)
+    # The nodes take one core each (NodeSpec.num_threads); the trainer gets the rest, at least one.
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) - cfg.orchestrator.num_engines))
     stop_event = stop_event or threading.Event()
     sync = cfg.orchestrator.mode == "sync"
     model = load_model(base_model_dir, cfg.model.dtype)
     trainer = Trainer(model, cfg.trainer, run_dir, pad_token_id=model.config.pad_token_id or 0,
-                      temperature=cfg.rollout.temperature or 1.0)
+                      temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant)
     buffer = Buffer(max_staleness=0 if sync else cfg.orchestrator.max_staleness,
                     drop_uniform_groups=cfg.orchestrator.drop_uniform_groups)
     admitted = AdmittedLog(run_dir / "trajectories" / "admitted.jsonl")
@@ -112,7 +117,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       tasks=tasks, store_url=store.url, cache_dir=str(run_dir / "cache" / f"node{n}"), node_id=n,
                       seed=cfg.seed + 1000 * trainer.version, max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.group_size))
              for n in range(cfg.orchestrator.num_engines)]
-    source = LocalRollouts(specs, mode=cfg.orchestrator.mode)
+    source = build_rollouts(cfg, specs)
     log = MetricsLog(run_dir, tensorboard=cfg.metrics.tensorboard)
     groups_per_batch = math.ceil(cfg.trainer.batch_size / cfg.rollout.group_size)
     outstanding = 0
@@ -175,6 +180,17 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
             "rollouts": num_rollouts, "interrupted": stop_event.is_set(),
             "staleness_hist": dict(buffer.staleness_hist), **{f"buffer/{k}": v for k, v in buffer.counters.items()},
             **_node_metrics({0: final_stats} if final_stats else node_stats)}
+
+
+def build_rollouts(cfg: FlywheelConfig, specs: list):
+    """The rollout source of `cfg.orchestrator.backend`: child processes (local) or Ray actors."""
+    if cfg.orchestrator.backend == "ray":
+        from flywheel.orchestrator.ray import RayRollouts
+
+        return RayRollouts(specs, cfg)
+    from flywheel.orchestrator.local import LocalRollouts
+
+    return LocalRollouts(specs, mode=cfg.orchestrator.mode)
 
 
 def _loop_state(buffer: Buffer, admitted: AdmittedLog) -> dict:

@@ -44,7 +44,7 @@ class InferenceNode:
         import torch
 
         from flywheel.envs.env import CodingEnv
-        from flywheel.inference.local import LocalEngine
+        from flywheel.inference.local import build_engine
         from flywheel.pipeline.midtrain import chat_format
         from flywheel.policy.model import load_model
         from flywheel.policy.tokenizer import load_tokenizer
@@ -59,7 +59,7 @@ class InferenceNode:
         self.tokenizer = load_tokenizer(spec.tokenizer_dir)
         self.chat = chat_format(self.tokenizer, self.cfg.env)
         model = load_model(spec.model_dir, self.cfg.model.dtype)
-        self.engine = LocalEngine(model, max_batch_size=self.cfg.inference.max_batch_size, tokenizer=self.tokenizer)
+        self.engine = build_engine(self.cfg.inference, model, self.tokenizer, self.cfg.numerics.batch_invariant)
         self.subscriber = Subscriber.from_config(WeightStore(spec.store_url), self.engine, self.cfg.weights)
         env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
         self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind), self.cfg.rollout)

@@ -22,14 +22,13 @@ from flywheel.types import Task
 async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task], cache_dir: Path,
                on_done: Callable[[dict], None] | None) -> EvalResult:
     from flywheel.envs.env import CodingEnv
-    from flywheel.inference.local import LocalEngine
+    from flywheel.inference.local import build_engine
     from flywheel.pipeline.midtrain import chat_format
     from flywheel.policy.model import load_model
     from flywheel.rollout.evaluate import evaluate
     from flywheel.rollout.worker import RolloutWorker
 
-    engine = LocalEngine(load_model(model_dir, cfg.model.dtype), max_batch_size=cfg.inference.max_batch_size,
-                         tokenizer=tokenizer)
+    engine = build_engine(cfg.inference, load_model(model_dir, cfg.model.dtype), tokenizer, cfg.numerics.batch_invariant)
     await engine.start()
     try:
         rollout = cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})

@@ -1,0 +1,60 @@
+"""Benchmark: the same RL config in `sync` and `async` mode, same number of trainer steps, one run.
+
+    flywheel bench pipeline --out benchmarks/results/pipeline.json [--quick]
+
+Both runs start from one mid-trained base policy (built once, cached in runs/bench-pipeline/) and train
+on the same tasks; each is then evaluated on the same held-out tasks. Reported: wall time of each RL
+phase, the trainer's busy fraction, held-out pass@1 of each, and the async run's staleness histogram.
+`summary`: sync_over_async_wall, async_trainer_busy, passk_async, passk_sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+CONFIG = "configs/demo.toml"
+
+
+def _config(run_dir: Path, mode: str, quick: bool, backend: str):
+    from flywheel.config import load_config
+
+    overrides = ["--run_dir", str(run_dir), "--orchestrator.mode", mode, "--orchestrator.backend", backend]
+    if quick:
+        overrides += ["--trainer.num_steps", "4", "--eval.num_tasks", "20", "--synth.num_heldout", "20",
+                      "--midtrain.num_transcripts", "200"]
+    return load_config(CONFIG, overrides)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from flywheel.orchestrator.loop import run_rl
+    from flywheel.pipeline.evaluation import evaluate_model
+    from flywheel.pipeline.midtrain import midtrain
+    from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
+
+    root = Path("runs/bench-pipeline-quick" if args.quick else "runs/bench-pipeline")
+    base_cfg = _config(root / "base", "async", args.quick, args.backend)
+    train, heldout = prepare_tasks(base_cfg, root / "base")
+    tokenizer = prepare_tokenizer(base_cfg, root / "base", train)
+    base = midtrain(base_cfg, root / "base", tokenizer, train)
+    result: dict = {"config": CONFIG, "quick": bool(args.quick), "backend": args.backend,
+                    "num_steps": base_cfg.trainer.num_steps, "num_heldout": len(heldout)}
+    for mode in ("sync", "async"):
+        run_dir = root / mode
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cfg = _config(run_dir, mode, args.quick, args.backend)
+        rl = run_rl(cfg, run_dir, base, root / "base" / "tokenizer", train)
+        ev = evaluate_model(cfg, run_dir / "final_model", tokenizer, heldout, run_dir / "cache" / "eval")
+        result[mode] = {"wall_s": rl["wall_s"], "trainer_busy": rl["trainer_busy"], "steps": rl["steps"],
+                        "rollouts": rl["rollouts"], "engine_busy": rl.get("engine/busy"),
+                        "staleness_hist": rl["staleness_hist"], "pass1": ev.pass_at[1]}
+        print(f"{mode}: {result[mode]}", flush=True)
+    result["summary"] = {
+        "sync_over_async_wall": result["sync"]["wall_s"] / result["async"]["wall_s"],
+        "async_trainer_busy": result["async"]["trainer_busy"],
+        "sync_trainer_busy": result["sync"]["trainer_busy"],
+        "passk_async": result["async"]["pass1"],
+        "passk_sync": result["sync"]["pass1"],
+    }
+    return result
