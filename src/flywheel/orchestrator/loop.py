@@ -80,10 +80,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
            stop_event: threading.Event | None = None) -> dict:
     """Run RL until `cfg.trainer.num_steps` trainer steps; returns the loop's summary figures."""
     from flywheel.orchestrator.node import NodeSpec
-    from flywheel.policy.model import load_model
-    from flywheel.trainer.train import Trainer
-    from flywheel.weights.store import WeightStore
-    from flywheel.weights.sync import Publisher
+    from flywheel.orchestrator.ray_trainer import build_trainer
 
     import os
 
@@ -94,27 +91,21 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - cfg.orchestrator.num_engines))
     stop_event = stop_event or threading.Event()
     sync = cfg.orchestrator.mode == "sync"
-    model = load_model(base_model_dir, cfg.model.dtype)
-    trainer = Trainer(model, cfg.trainer, run_dir, pad_token_id=model.config.pad_token_id or 0,
-                      temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant)
+    # the trainer side (Trainer + Publisher + weight store): in this process, or a restartable Ray actor;
+    # it loads the checkpoint (resume), trims the store to the trainer's version and publishes version 0
+    trainer = build_trainer(cfg, run_dir, base_model_dir, resume=resume)
     buffer = Buffer(max_staleness=0 if sync else cfg.orchestrator.max_staleness,
                     drop_uniform_groups=cfg.orchestrator.drop_uniform_groups)
     admitted = AdmittedLog(run_dir / "trajectories" / "admitted.jsonl")
-    state = trainer.load_checkpoint() if resume else {}
+    state = trainer.extra_state
     if state:
         waiting = set(state.get("waiting", [])) | set(range(state.get("num_admitted", 0), admitted.count))
-        buffer.restore([(i, g) for i, g in admitted.read() if i in waiting])
+        restored = [(i, g) for i, g in admitted.read() if i in waiting]
+        buffer.restore(restored)
         buffer.counters.update(state.get("counters", {}))
-    store = WeightStore(cfg.weights.store or str(run_dir / "weights"))
-    latest = store.latest_version()
-    if latest is not None and latest > trainer.version:  # killed after publishing, before checkpointing
-        store.drop_versions_after(trainer.version)
-    publisher = Publisher.from_config(store, cfg.weights)
-    if store.latest_version() is None:
-        publisher.publish(trainer.version, trainer.state_dict_for_publish())
-        publisher.flush()
+        buffer.counters["restored"] = len(restored)
     specs = [NodeSpec(config=cfg.model_dump(mode="json"), model_dir=str(base_model_dir), tokenizer_dir=str(tokenizer_dir),
-                      tasks=tasks, store_url=store.url, cache_dir=str(run_dir / "cache" / f"node{n}"), node_id=n,
+                      tasks=tasks, store_url=trainer.store_url, cache_dir=str(run_dir / "cache" / f"node{n}"), node_id=n,
                       seed=cfg.seed + 1000 * trainer.version, max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.group_size))
              for n in range(cfg.orchestrator.num_engines)]
     source = build_rollouts(cfg, specs)
@@ -148,7 +139,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
             t0 = time.monotonic()
             metrics = trainer.step(batch)
             busy_s += time.monotonic() - t0
-            publisher.publish(trainer.version, trainer.state_dict_for_publish())
+            trainer.publish()
             elapsed = time.monotonic() - t_start
             record = {"step": trainer.version, **metrics, **batch_metrics(batch),
                       "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
@@ -157,7 +148,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       "throughput/rollouts_per_s": num_rollouts / elapsed,
                       "throughput/tokens_per_s_k": num_tokens / elapsed / 1000,
                       **{f"buffer/{k}": v for k, v in buffer.counters.items()},
-                      **_weights_metrics(publisher), **_node_metrics(node_stats)}
+                      **_weights_metrics(trainer), **_node_metrics(node_stats)}
             log.write(record)
             if on_step:
                 on_step(record)
@@ -166,15 +157,13 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     finally:
         _restore_stop_handlers(previous_handlers)
         final_stats = source.stop()
-        publisher.flush()
+        trainer.flush()
         trainer.save_checkpoint(_loop_state(buffer, admitted))
-        publisher.close()
+        if not stop_event.is_set() and trainer.version >= cfg.trainer.num_steps:
+            trainer.save_model(run_dir / "final_model")
+        trainer.close()
         admitted.close()
         log.close()
-    if not stop_event.is_set():
-        from flywheel.policy.model import save_model
-
-        save_model(trainer.model, run_dir / "final_model")
     elapsed = time.monotonic() - t_start
     return {"steps": trainer.version, "wall_s": elapsed, "trainer_busy": busy_s / elapsed if elapsed else 0.0,
             "rollouts": num_rollouts, "interrupted": stop_event.is_set(),
@@ -198,11 +187,12 @@ def _loop_state(buffer: Buffer, admitted: AdmittedLog) -> dict:
             "counters": dict(buffer.counters)}
 
 
-def _weights_metrics(publisher) -> dict[str, float]:
+def _weights_metrics(trainer) -> dict[str, float]:
     """Figures of the newest version the publisher has finished (encoding runs in the background)."""
-    if not publisher.metrics:
+    finished = trainer.publisher_metrics()
+    if not finished:
         return {}
-    m = publisher.metrics[-1]
+    m = finished[-1]
     return {"weights/bytes_mb": m["bytes_published"] / 1e6, "weights/ratio": m["ratio"],
             "weights/encode_ms": m["encode_ms"], "weights/changed_fraction": m.get("changed_fraction") or 0.0}
 
