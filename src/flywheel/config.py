@@ -150,6 +150,16 @@ class OrchestratorConfig(Section):
     drop_uniform_groups: bool = Field(True, description="drop groups whose sessions all got one reward (no GRPO signal)")
     num_engines: int = Field(1, ge=1, le=10_000, description="inference engines (each with its rollout workers)")
     ray_address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
+    ray_engine_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved per engine actor")
+    ray_engine_num_gpus: float = Field(0.0, ge=0, le=64, description="Ray: GPUs reserved per engine actor")
+    ray_trainer_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved for the trainer actor")
+    ray_trainer_num_gpus: float = Field(0.0, ge=0, le=64, description="Ray: GPUs reserved for the trainer actor")
+    ray_trainer_max_restarts: int = Field(3, ge=0, le=1000, description="Ray: restarts of a dead trainer actor "
+                                          "(each resumes from the newest checkpoint)")
+    ray_max_group_attempts: int = Field(3, ge=1, le=100, description="Ray: engines a group may be tried on "
+                                        "before it is dropped (counted in rollout/lost_groups)")
+    regions: list[str] = Field(default_factory=list, description="Ray: region label of engine n is "
+                               "regions[n % len]; each region pulls weights through its own relay; [] = one region")
 
 
 class SynthConfig(Section):
@@ -165,10 +175,12 @@ class MidtrainConfig(Section):
     """Mid-training: next-token training on agent transcripts, producing the policy RL starts from."""
 
     num_transcripts: int = Field(600, ge=0, le=10_000_000, description="scripted sessions rendered as training text")
+    num_drills: int = Field(4000, ge=0, le=10_000_000, description="short statement → tool-call examples (see pipeline/transcripts.py)")
     imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")
     failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
     lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")
     num_epochs: int = Field(2, ge=1, le=1000, description="passes over the transcripts")
+    num_steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as num_epochs takes")
     warmup_steps: int = Field(10, ge=0, description="linear learning-rate warmup (optimizer steps)")
     batch_tokens: int = Field(8192, ge=64, description="tokens per optimizer step")
     seed: int = Field(0, ge=0, description="seed for transcript sampling and shuffling")

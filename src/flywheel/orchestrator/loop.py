@@ -148,7 +148,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       "throughput/rollouts_per_s": num_rollouts / elapsed,
                       "throughput/tokens_per_s_k": num_tokens / elapsed / 1000,
                       **{f"buffer/{k}": v for k, v in buffer.counters.items()},
-                      **_weights_metrics(trainer), **_node_metrics(node_stats)}
+                      **_weights_metrics(trainer), **_node_metrics(node_stats),
+                      **(source.pool_stats() if hasattr(source, "pool_stats") else {})}  # Ray: pool-wide counters
             log.write(record)
             if on_step:
                 on_step(record)

@@ -36,6 +36,7 @@ class NodeSpec:
     seed: int = 0
     num_threads: int = 1
     max_groups_in_flight: int = 4
+    region: str = ""  # Ray backend: the region label; store_url is then that region's relay URL
     extra: dict = field(default_factory=dict)
 
 
@@ -50,7 +51,6 @@ class InferenceNode:
         from flywheel.policy.tokenizer import load_tokenizer
         from flywheel.rollout.worker import RolloutWorker
         from flywheel.weights.sync import Subscriber
-        from flywheel.weights.store import WeightStore
 
         if spec.num_threads:
             torch.set_num_threads(spec.num_threads)
@@ -60,7 +60,8 @@ class InferenceNode:
         self.chat = chat_format(self.tokenizer, self.cfg.env)
         model = load_model(spec.model_dir, self.cfg.model.dtype)
         self.engine = build_engine(self.cfg.inference, model, self.tokenizer, self.cfg.numerics.batch_invariant)
-        self.subscriber = Subscriber.from_config(WeightStore(spec.store_url), self.engine, self.cfg.weights)
+        # store_url: a store directory / fsspec URL, or a relay's http URL (weights.sync.open_source)
+        self.subscriber = Subscriber.from_config(spec.store_url, self.engine, self.cfg.weights)
         env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
         self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind), self.cfg.rollout)
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)

@@ -34,7 +34,7 @@ def chat_format(tokenizer, env_cfg):
 def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
              on_progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
-    from flywheel.pipeline.transcripts import make_transcripts
+    from flywheel.pipeline.transcripts import make_drills, make_transcripts
     from flywheel.policy.model import build_model, save_model
     from flywheel.trainer.sft import SFTParams, sft_train
 
@@ -45,10 +45,12 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     n = cfg.midtrain.num_transcripts
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
+    examples += make_drills(tasks, cfg.midtrain.num_drills, tokenizer, cfg.midtrain.seed)
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
     if examples:
-        params = SFTParams(lr=cfg.midtrain.lr, num_epochs=cfg.midtrain.num_epochs, batch_tokens=cfg.midtrain.batch_tokens,
+        params = SFTParams(lr=cfg.midtrain.lr, num_epochs=cfg.midtrain.num_epochs, num_steps=cfg.midtrain.num_steps,
+                           batch_tokens=cfg.midtrain.batch_tokens,
                            seed=cfg.midtrain.seed, pad_token_id=tokenizer.pad_token_id or 0,
                            warmup_steps=cfg.midtrain.warmup_steps)
         sft_train(model, examples, params,

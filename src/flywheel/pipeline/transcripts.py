@@ -9,6 +9,12 @@ so mid-training teaches precisely the format RL samples in. A share of transcrip
 an edit whose old text does not match, or an extra look at the tests, then the fix) and a share fails (the
 session submits a wrong fix or none) — the base policy is meant to be decent, not perfect, so RL has
 something to sharpen.
+
+Drills complement the transcripts: a task statement followed directly by one argument-carrying tool call
+(the file to view, the edit to make), without the system prompt. A whole transcript spends ~90 % of its
+tokens on context and only a few on copying a file name or a span from the statement into a call — the one
+skill a small model finds hardest. Drills are ~70 tokens each and mostly that skill, so they teach it at a
+fraction of the compute.
 """
 
 from __future__ import annotations
@@ -103,4 +109,24 @@ def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: 
         examples.append(render_transcript(chat, messages))
         if on_progress:
             on_progress(n + 1)
+    return examples
+
+
+def make_drills(tasks: list[Task], num_drills: int, tokenizer, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """`num_drills` (statement → one tool call) examples from the tasks' known fixes; see the module docstring."""
+    from flywheel.envs.synth import oracle_actions
+    from flywheel.policy.chat import ChatFormat
+
+    bare = ChatFormat(tokenizer, [])  # no tool list: the drill is only the statement and the call
+    pool = [(t, c) for t in tasks if t.solution for c in oracle_actions(t) if c.arguments]
+    if not pool and num_drills:
+        raise ValueError("drills need tasks with a known `solution` whose fix takes tool arguments")
+    rng = random.Random(seed)
+    rng.shuffle(pool)
+    examples = []
+    for n in range(num_drills):
+        task, call = pool[n % len(pool)]
+        prompt = bare.render([Message(role="user", content=task.problem)])
+        answer = bare.assistant_tokens(Message(role="assistant", content="", tool_calls=[call]))
+        examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
     return examples

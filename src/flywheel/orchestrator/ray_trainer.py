@@ -1,0 +1,179 @@
+"""The trainer side behind one small handle: in-process (local backend) or a restartable Ray actor (ray backend).
+
+    trainer = build_trainer(cfg, run_dir, base_model_dir, resume=False)
+    metrics = trainer.step(batch); trainer.publish(); trainer.version
+    trainer.save_checkpoint(loop_state); trainer.flush(); trainer.save_model(path); trainer.close()
+
+Why so: orchestrator/loop.py drives the same `TrainerService` (Trainer + Publisher + weight store) whichever
+backend runs it. With `backend = "ray"` it is a Ray actor created with `max_restarts`; a restarted actor resumes
+from the newest checkpoint in its `__init__` and drops store versions newer than that checkpoint, so the weight
+store stays the source of truth (engines holding a dropped version fail the next delta's hash check and take the
+anchor path). The handle retries the call that met the dead actor once the actor is back (`trainer/restarts`):
+a step is then re-run from the checkpointed weights; the loop keeps its buffer and admitted-group log, so no
+trajectory is lost. The local backend imports nothing from Ray.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flywheel.config import FlywheelConfig
+from flywheel.types import Trajectory
+
+
+class TrainerService:
+    """Trainer + Publisher + store: everything the loop asks of the trainer side (a plain class)."""
+
+    def __init__(self, config: dict, run_dir: str, base_model_dir: str, resume: bool = False):
+        from flywheel.policy.model import load_model
+        from flywheel.trainer import checkpoint as ckpt
+        from flywheel.trainer.train import Trainer
+        from flywheel.weights.store import WeightStore
+        from flywheel.weights.sync import Publisher
+
+        cfg = FlywheelConfig.model_validate(config)
+        run_dir_p = Path(run_dir)
+        model = load_model(Path(base_model_dir), cfg.model.dtype)
+        self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=model.config.pad_token_id or 0,
+                               temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant)
+        restarted = _restarted_actor()
+        has_ckpt = ckpt.latest_checkpoint(run_dir_p / "checkpoints") is not None
+        self.extra_state = self.trainer.load_checkpoint() if (resume or (restarted and has_ckpt)) else {}
+        store = WeightStore(cfg.weights.store or str(run_dir_p / "weights"))
+        latest = store.latest_version()
+        if latest is not None and latest > self.trainer.version:  # killed after publishing, before checkpointing
+            store.drop_versions_after(self.trainer.version)
+        self.store_url = store.url
+        self.publisher = Publisher.from_config(store, cfg.weights)
+        if store.latest_version() is None:
+            self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish())
+            self.publisher.flush()
+
+    def info(self) -> dict:
+        return {"version": self.trainer.version, "store_url": self.store_url, "extra_state": self.extra_state}
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def step(self, batch: list[Trajectory]) -> dict[str, float]:
+        return self.trainer.step(batch)
+
+    def publish(self) -> None:
+        """Publish the current version (encoding runs on the publisher's thread)."""
+        self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish())
+
+    def publisher_metrics(self) -> list[dict]:
+        return self.publisher.metrics[-1:]
+
+    def flush(self) -> None:
+        self.publisher.flush()
+
+    def save_checkpoint(self, extra_state: dict) -> str:
+        return str(self.trainer.save_checkpoint(extra_state))
+
+    def save_model(self, path: str) -> None:
+        from flywheel.policy.model import save_model
+
+        save_model(self.trainer.model, Path(path))
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+def _restarted_actor() -> bool:
+    """True inside a Ray actor that is being reconstructed after its process died."""
+    ray = sys.modules.get("ray")  # never import Ray here: the local backend runs without it
+    if ray is None or not ray.is_initialized():
+        return False
+    try:
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except (AssertionError, AttributeError, RuntimeError):  # not inside an actor
+        return False
+
+
+class RayTrainer:
+    """Handle on a TrainerService actor; same methods, and a dead actor is waited for and the call retried."""
+
+    def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False,
+                 restart_timeout_s: float = 300.0):
+        from flywheel.orchestrator.ray import _remote, init_ray
+
+        self.ray = init_ray(cfg)
+        o = cfg.orchestrator
+        self.actor_name = f"flywheel-trainer-{cfg.name}"
+        self.actor = _remote(TrainerService, num_cpus=o.ray_trainer_num_cpus, num_gpus=o.ray_trainer_num_gpus,
+                             max_restarts=o.ray_trainer_max_restarts, max_task_retries=0,
+                             name=self.actor_name).remote(cfg.model_dump(mode="json"), str(run_dir),
+                                                          str(base_model_dir), resume)
+        self.restart_timeout_s = restart_timeout_s
+        self.max_restarts = o.ray_trainer_max_restarts
+        self.num_restarts = 0
+        info = self._call("info")
+        self.version, self.store_url, self.extra_state = info["version"], info["store_url"], info["extra_state"]
+
+    def _call(self, method: str, *args: Any) -> Any:
+        errors = self.ray.exceptions
+        deadline = time.monotonic() + self.restart_timeout_s
+        while True:
+            try:
+                return self.ray.get(getattr(self.actor, method).remote(*args))
+            except errors.RayActorError as err:  # died (or is restarting): wait for it, then retry the call
+                self.num_restarts += 1
+                if self.num_restarts > self.max_restarts or time.monotonic() > deadline:
+                    raise RuntimeError(f"the trainer actor died and did not come back (restarts: "
+                                       f"{self.num_restarts - 1} of {self.max_restarts}): {err}") from err
+                self._wait_alive(deadline)
+                self.version = self.ray.get(self.actor.info.remote())["version"]  # resumed at its checkpoint
+
+    def _wait_alive(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                self.ray.get(self.actor.info.remote(), timeout=30)
+                return
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError,
+                    self.ray.exceptions.GetTimeoutError):
+                time.sleep(0.5)
+
+    def step(self, batch: list[Trajectory]) -> dict[str, float]:
+        metrics = self._call("step", batch)
+        self.version = self._call("info")["version"]
+        return {**metrics, "trainer/restarts": float(self.num_restarts)}
+
+    def publish(self) -> None:
+        self._call("publish")
+
+    def publisher_metrics(self) -> list[dict]:
+        return self._call("publisher_metrics")
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def save_checkpoint(self, extra_state: dict) -> str:
+        return self._call("save_checkpoint", extra_state)
+
+    def save_model(self, path: str) -> None:
+        self._call("save_model", str(Path(path).resolve()))
+
+    def close(self) -> None:
+        try:
+            self._call("close")
+        finally:
+            self.ray.kill(self.actor, no_restart=True)
+
+
+class LocalTrainer(TrainerService):
+    """The in-process handle (local backend): a TrainerService the loop calls directly."""
+
+    def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False):
+        super().__init__(cfg.model_dump(mode="json"), str(run_dir), str(base_model_dir), resume)
+
+
+def build_trainer(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False):
+    """The trainer side of `cfg.orchestrator.backend`: in this process (local) or a Ray actor (ray)."""
+    if cfg.orchestrator.backend == "ray":
+        return RayTrainer(cfg, run_dir, base_model_dir, resume)
+    return LocalTrainer(cfg, run_dir, base_model_dir, resume)
