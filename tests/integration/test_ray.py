@@ -5,18 +5,17 @@
 Each test runs `run_rl` with `orchestrator.backend = "ray"` from one small mid-trained base (built once per
 module) and attacks one property: an engine killed mid-run loses no group; an engine added mid-run (through the
 CLI's control file, in a second region) joins at the current weights and pulls them through its own relay; a
-killed trainer actor resumes from its checkpoint; the demo config's reward goes up.
+killed trainer actor resumes from its checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402  (in the dev extra: a missing install fails here, loudly)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,8 +40,9 @@ def base(tmp_path_factory):
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
 
     root = tmp_path_factory.mktemp("ray-base")
-    cfg = _config(root, ["--synth.num_train", "60", "--synth.num_heldout", "4", "--midtrain.num_transcripts", "120",
-                         "--midtrain.num_epochs", "2"])
+    cfg = _config(root, ["--synth.num_train", "60", "--synth.num_heldout", "4", "--midtrain.num_transcripts", "60",
+                         "--midtrain.num_drills", "0", "--midtrain.num_steps", "0", "--midtrain.num_epochs", "1",
+                         "--midtrain.batch_tokens", "8192"])
     train, _ = prepare_tasks(cfg, root)
     tokenizer = prepare_tokenizer(cfg, root, train)
     return midtrain(cfg, root, tokenizer, train), root / "tokenizer", train
@@ -139,13 +139,3 @@ def test_trainer_actor_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     from flywheel.trainer.checkpoint import latest_checkpoint
 
     assert latest_checkpoint(run_dir / "checkpoints").name.endswith("3")
-
-
-def test_demo_config_on_ray_reward_goes_up(cluster, base, tmp_path):
-    run_dir = tmp_path / "demo"
-    cfg = _config(run_dir, ["--orchestrator.num_engines", "2", "--trainer.num_steps", "10", "--trainer.lr", "3e-4",
-                            "--trainer.checkpoint_every", "5"])
-    out = _run(cfg, run_dir, base, None)
-    assert out["steps"] == 10
-    rewards = [r["reward/mean"] for r in _records(run_dir)]
-    assert statistics.fmean(rewards[-3:]) > statistics.fmean(rewards[:3])
