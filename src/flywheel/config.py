@@ -176,6 +176,8 @@ class MidtrainConfig(Section):
 
     num_transcripts: int = Field(600, ge=0, le=10_000_000, description="scripted sessions rendered as training text")
     num_drills: int = Field(4000, ge=0, le=10_000_000, description="short statement → tool-call examples (see pipeline/transcripts.py)")
+    drill_steps: int = Field(0, ge=0, description="optimizer steps on drills alone before the transcripts (curriculum stage 1)")
+    drill_batch_tokens: int = Field(1024, ge=64, description="tokens per optimizer step in the drill stage")
     imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")
     failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
     lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")

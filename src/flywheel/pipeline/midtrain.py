@@ -45,16 +45,20 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     n = cfg.midtrain.num_transcripts
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
-    examples += make_drills(tasks, cfg.midtrain.num_drills, tokenizer, cfg.midtrain.seed)
+    drills = make_drills(tasks, cfg.midtrain.num_drills, tokenizer, cfg.midtrain.seed)
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
-    if examples:
-        params = SFTParams(lr=cfg.midtrain.lr, num_epochs=cfg.midtrain.num_epochs, num_steps=cfg.midtrain.num_steps,
-                           batch_tokens=cfg.midtrain.batch_tokens,
-                           seed=cfg.midtrain.seed, pad_token_id=tokenizer.pad_token_id or 0,
-                           warmup_steps=cfg.midtrain.warmup_steps)
-        sft_train(model, examples, params,
-                  progress=(lambda i, total, m: on_progress("midtrain", i, total)) if on_progress else None)
+    m = cfg.midtrain
+    common = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps)
+    # Stage 1, drills alone: short sequences dense in the one skill a small model learns slowest (copying a
+    # name or a span from the statement into a call). Stage 2: whole sessions, drills mixed in.
+    if drills and m.drill_steps:
+        sft_train(model, drills, SFTParams(num_steps=m.drill_steps, batch_tokens=m.drill_batch_tokens, **common),
+                  progress=(lambda i, total, _: on_progress("midtrain drills", i, total)) if on_progress else None)
+    if examples or drills:
+        sft_train(model, examples + drills,
+                  SFTParams(num_epochs=m.num_epochs, num_steps=m.num_steps, batch_tokens=m.batch_tokens, **common),
+                  progress=(lambda i, total, _: on_progress("midtrain sessions", i, total)) if on_progress else None)
     save_model(model, out)
     tokenizer.save_pretrained(out)
     return out
