@@ -2,6 +2,9 @@
 
     flywheel bench pipeline --out benchmarks/results/pipeline.json [--quick]
 
+With `--backend ray`, the async run is repeated on the Ray backend (same config, same machine) and
+`summary.ray_over_local_wall` compares the two.
+
 Both runs start from one mid-trained base policy (built once, cached in runs/bench-pipeline/) and train
 on the same tasks; each is then evaluated on the same held-out tasks. Reported: wall time of each RL
 phase, the trainer's busy fraction, held-out pass@1 of each, and the async run's staleness histogram.
@@ -34,22 +37,25 @@ def run(args: argparse.Namespace) -> dict:
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
 
     root = Path("runs/bench-pipeline-quick" if args.quick else "runs/bench-pipeline")
-    base_cfg = _config(root / "base", "async", args.quick, args.backend)
+    base_cfg = _config(root / "base", "async", args.quick, "local")
     train, heldout = prepare_tasks(base_cfg, root / "base")
     tokenizer = prepare_tokenizer(base_cfg, root / "base", train)
     base = midtrain(base_cfg, root / "base", tokenizer, train)
     result: dict = {"config": CONFIG, "quick": bool(args.quick), "backend": args.backend,
                     "num_steps": base_cfg.trainer.num_steps, "num_heldout": len(heldout)}
-    for mode in ("sync", "async"):
-        run_dir = root / mode
+    runs = [("sync", "sync", "local"), ("async", "async", "local")]
+    if args.backend == "ray":
+        runs.append(("async_ray", "async", "ray"))
+    for name, mode, backend in runs:
+        run_dir = root / name
         shutil.rmtree(run_dir, ignore_errors=True)
-        cfg = _config(run_dir, mode, args.quick, args.backend)
+        cfg = _config(run_dir, mode, args.quick, backend)
         rl = run_rl(cfg, run_dir, base, root / "base" / "tokenizer", train)
         ev = evaluate_model(cfg, run_dir / "final_model", tokenizer, heldout, run_dir / "cache" / "eval")
-        result[mode] = {"wall_s": rl["wall_s"], "trainer_busy": rl["trainer_busy"], "steps": rl["steps"],
+        result[name] = {"wall_s": rl["wall_s"], "trainer_busy": rl["trainer_busy"], "steps": rl["steps"],
                         "rollouts": rl["rollouts"], "engine_busy": rl.get("engine/busy"),
                         "staleness_hist": rl["staleness_hist"], "pass1": ev.pass_at[1]}
-        print(f"{mode}: {result[mode]}", flush=True)
+        print(f"{name}: {result[name]}", flush=True)
     result["summary"] = {
         "sync_over_async_wall": result["sync"]["wall_s"] / result["async"]["wall_s"],
         "async_trainer_busy": result["async"]["trainer_busy"],
@@ -57,4 +63,6 @@ def run(args: argparse.Namespace) -> dict:
         "passk_async": result["async"]["pass1"],
         "passk_sync": result["sync"]["pass1"],
     }
+    if "async_ray" in result:
+        result["summary"]["ray_over_local_wall"] = result["async_ray"]["wall_s"] / result["async"]["wall_s"]
     return result

@@ -29,47 +29,32 @@ import zstandard
 from flywheel.config import ModelConfig
 
 
-class ModelReceiver:
-    """A minimal real engine side: a transformers model whose parameters are swapped under a lock."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.params = dict(model.named_parameters())
-        self.lock = threading.Lock()
-        self.version = -1
-
-    def update_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> float:
-        if set(tensors) != set(self.params):
-            raise ValueError(f"update names {len(tensors)} tensors, the model has {len(self.params)} parameters")
-        for name, p in self.params.items():
-            t = tensors[name]
-            if t.shape != p.shape or t.dtype != p.dtype:
-                raise ValueError(f"'{name}' is {t.dtype}{tuple(t.shape)}, model wants {p.dtype}{tuple(p.shape)}")
-        t0 = time.perf_counter()
-        with self.lock, torch.no_grad():  # decoding would hold this lock between steps
-            for name, p in self.params.items():
-                p.copy_(tensors[name])
-            self.version = version
-        return (time.perf_counter() - t0) * 1e3
-
-
 def make_checkpoints(lr: float, num_warmup: int, num_versions: int, preset: str = "small",
                      batch: int = 4, seq: int = 64, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """bf16 snapshots of flywheel's RL Trainer (AdamW, fp32 masters) stepping on GRPO batches of synthetic
+    trajectories: groups of 2 sessions of random tokens, one rewarded, the second half sampled."""
+    from flywheel.config import TrainerConfig
     from flywheel.policy.model import build_model
+    from flywheel.trainer.train import Trainer
+    from flywheel.types import Reward, Segment, Trajectory
 
     model = build_model(ModelConfig(preset=preset), vocab_size=2048)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    trainer = Trainer(model, TrainerConfig(lr=lr, weight_decay=0.0, batch_size=batch, correction="none",
+                                           micro_batch_tokens=batch * seq))
     gen = torch.Generator().manual_seed(seed)
+    half = seq // 2
     out = []
     for step in range(num_warmup + num_versions):
-        ids = torch.randint(0, 2048, (batch, seq), generator=gen)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        batch_trajs = []
+        for i in range(batch):
+            ids = torch.randint(0, 2048, (seq,), generator=gen).tolist()
+            seg = Segment(ids, [0] * half + [1] * (seq - half), [0.0] * half + [-7.6] * (seq - half),
+                          [-1] * half + [step] * (seq - half))
+            batch_trajs.append(Trajectory(task_id=f"t{i // 2}", group_id=f"s{step}g{i // 2}", segments=[seg],
+                                          reward=Reward(float(i % 2))))
+        trainer.step(batch_trajs)
         if step >= num_warmup:
-            out.append({k: v.detach().to(torch.bfloat16, copy=True) for k, v in model.named_parameters()})
+            out.append({k: v.to(torch.bfloat16) for k, v in trainer.state_dict_for_publish().items()})
     return out
 
 
@@ -143,9 +128,11 @@ def _worker(url: str, preset: str) -> None:
     from flywheel.policy.model import build_model
     from flywheel.weights.sync import Subscriber
 
+    from flywheel.inference.local import LocalEngine
+
     torch.set_num_threads(1)
     model = build_model(ModelConfig(preset=preset, dtype="bfloat16"), vocab_size=2048)
-    sub = Subscriber(url, ModelReceiver(model), streams=8, num_threads=1)
+    sub = Subscriber(url, LocalEngine(model), streams=8, num_threads=1)
     print(json.dumps({"ready": True}), flush=True)
     while True:
         v = sub.poll()
