@@ -88,7 +88,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
 
     run_dir = Path(run_dir)
     # The nodes take one core each (NodeSpec.num_threads); the trainer gets the rest, at least one.
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) - cfg.orchestrator.num_engines))
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) - cfg.orchestrator.num_engines - 1))
     stop_event = stop_event or threading.Event()
     sync = cfg.orchestrator.mode == "sync"
     # the trainer side (Trainer + Publisher + weight store): in this process, or a restartable Ray actor;

@@ -39,6 +39,10 @@ class Progress:
         return self._bars.__exit__(*exc)
 
     def update(self, stage: str, done: int, total: int | None = None, info: str = "") -> None:
+        if not self.console.is_terminal:  # a log file or CI: a plain line every tenth of the way
+            if total and (done == total or done % max(1, total // 10) == 0):
+                self.console.print(f"{stage}: {done}/{total} {info}".rstrip())
+            return
         if stage not in self._ids:
             self._ids[stage] = self._bars.add_task(stage, total=total, info=info)
         self._bars.update(self._ids[stage], completed=done, total=total, info=info)
@@ -54,6 +58,11 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
     from flywheel.pipeline.midtrain import midtrain
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
 
+    import torch
+
+    # One intra-op thread: at these model sizes a second thread gains little, and when anything else runs
+    # (sandboxed tests, the rollout process) oversubscribed OpenMP threads spin and cost 10-50x.
+    torch.set_num_threads(1)
     run_dir = Path(cfg.run_dir)
     if not resume and (run_dir / "checkpoints").exists():
         raise ValueError(f"run directory '{run_dir}' already holds a run; pass --resume to continue it "
