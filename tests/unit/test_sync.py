@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from flywheel.bench.weights import ModelReceiver
+from flywheel.inference.local import LocalEngine
 from flywheel.config import ModelConfig
 from flywheel.policy.model import build_model
 from flywheel.weights.sync import Publisher, Subscriber
@@ -27,7 +27,7 @@ def versions():
 
 
 def _receiver():
-    return ModelReceiver(build_model(ModelConfig(preset="tiny", dtype="bfloat16"), vocab_size=512))
+    return LocalEngine(build_model(ModelConfig(preset="tiny", dtype="bfloat16"), vocab_size=512))
 
 
 def _same(a, b):
@@ -110,11 +110,11 @@ def test_missing_base_and_engine_refusal(tmp_path, versions):
     os.remove(tmp_path / "versions" / f"{1:012d}.json")  # base of v2 and the only anchor are gone
     assert sub.poll() is None and sub.version == 0 and "v2" in str(sub.last_error)
     # an engine that refuses the names keeps its old version
-    wrong = ModelReceiver(build_model(ModelConfig(preset="tiny", dtype="bfloat16"), vocab_size=256))
+    wrong = LocalEngine(build_model(ModelConfig(preset="tiny", dtype="bfloat16"), vocab_size=256))
     sub2 = Subscriber(str(tmp_path / "other"), wrong)
     with Publisher(str(tmp_path / "other")) as pub:
         pub.publish(0, versions[0])
-    assert sub2.poll() is None and sub2.version is None and "model wants" in str(sub2.last_error)
+    assert sub2.poll() is None and sub2.version is None and "the model expects" in str(sub2.last_error)
 
 
 def test_background_subscriber(tmp_path, versions):
