@@ -471,6 +471,10 @@ class BwrapSandbox(_BaseSandbox):
             elif os.path.isdir(p):
                 a += ["--ro-bind", p, p]
         a += ["--ro-bind", "/etc", "/etc"]
+        # The private /tmp first: the interpreter's own tree may live under /tmp (a CI checkout there), and
+        # a bind made before the tmpfs would be hidden by it.
+        tmp_bytes = self.limits.file_size_mb * 1024 * 1024 * 4
+        a += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
         made: set[str] = {"/", "/usr", "/etc", "/tmp"}
         roots, _ = _python_roots()
         for r in roots:
@@ -481,9 +485,7 @@ class BwrapSandbox(_BaseSandbox):
                     a += ["--perms", "0755", "--dir", anc]
                     made.add(anc)
             a += ["--ro-bind", r, r]
-        tmp_bytes = self.limits.file_size_mb * 1024 * 1024 * 4
-        a += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-              "--bind", str(self.workspace), BWRAP_WORKSPACE, "--chdir", BWRAP_WORKSPACE, "--"]
+        a += ["--bind", str(self.workspace), BWRAP_WORKSPACE, "--chdir", BWRAP_WORKSPACE, "--"]
         return a + self._setpriv() + ["bash", "-c"]
 
     def _argv(self, script: str, info_fd: int) -> list[str]:
