@@ -19,9 +19,9 @@ from flywheel.metrics.log import read_metrics
 
 # (title, [(metric key, label)], y label)
 PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
-    ("Reward and pass rate", [("reward/mean", "mean reward"), ("rollout/pass_rate", "train pass rate"),
-                              ("eval/pass1", "held-out pass@1")], "fraction"),
-    ("Loss", [("loss/policy", "policy loss"), ("loss/kl", "KL to reference")], ""),
+    ("Reward and pass rate (trained groups)", [("reward/mean", "mean reward"),
+                                               ("rollout/pass_rate", "train pass rate")], "fraction"),
+    ("Loss", [("loss", "total loss"), ("pg_loss", "policy-gradient loss"), ("kl", "KL to reference")], ""),
     ("Staleness of trained groups", [("staleness/mean", "mean"), ("staleness/max", "max")], "trainer versions"),
     ("Throughput", [("throughput/rollouts_per_s", "rollouts/s"), ("throughput/tokens_per_s_k", "k tokens/s")], "per second"),
     ("Busy fraction", [("trainer/busy", "trainer"), ("engine/busy", "engine")], "fraction of wall time"),
