@@ -80,7 +80,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
            stop_event: threading.Event | None = None) -> dict:
     """Run RL until `cfg.trainer.num_steps` trainer steps; returns the loop's summary figures."""
     from flywheel.orchestrator.node import NodeSpec
-    from flywheel.orchestrator.ray_trainer import build_trainer
+    from flywheel.orchestrator.trainer_service import build_trainer
 
     import os
 

@@ -21,7 +21,7 @@ trainer side therefore sends each version once per region, not once per engine. 
 relay served to its engines), `staleness/region/<r>` (newest store version minus the oldest engine version in the
 region), and `weights/trainer_egress_mb` (bytes the origin sent in all).
 
-The Ray import lives here and in ray_trainer.py only; the local backend never imports Ray.
+The Ray import lives here and in trainer_service.py (RayTrainer) only; the local backend never imports Ray.
 """
 
 from __future__ import annotations
