@@ -86,6 +86,20 @@ def supports(model) -> bool:
     return rotary is not None and getattr(rotary, "rope_type", "default") in _STATIC_ROPE
 
 
+def mix_experts(h: torch.Tensor, experts, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+    """Weighted sum of each token's routed experts. h [M, D], top_i / top_w [M, k] -> [M, D].
+
+    Ascending expert order, as transformers does, so each token's sum has the same order in any batch.
+    Out-of-place `index_add`, so the trainer's batch-invariant forward can differentiate through it."""
+    out = torch.zeros_like(h)
+    for e in torch.unique(top_i).tolist():
+        token_idx, k_pos = torch.where(top_i == e)
+        g, u = linear(h[token_idx], experts.gate_up_proj[e]).chunk(2, dim=-1)
+        y = linear(experts.act_fn(g) * u, experts.down_proj[e]) * top_w[token_idx, k_pos, None]
+        out = out.index_add(0, token_idx, y.to(out.dtype))
+    return out
+
+
 class Qwen3Runner:
     """Prefill and batched decode for Qwen3 / Qwen3-MoE, reading the HF module's parameters live."""
 
@@ -151,16 +165,7 @@ class Qwen3Runner:
         top_w, top_i = torch.topk(probs, gate.top_k, dim=-1)  # [M, k]
         if gate.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-        top_w = top_w.to(router_logits.dtype)
-        out = torch.zeros_like(h)
-        # ascending expert order, as transformers does: each token's sum has the same order in any batch
-        for e in torch.unique(top_i).tolist():
-            token_idx, k_pos = torch.where(top_i == e)
-            cur = h[token_idx]
-            g, u = linear(cur, experts.gate_up_proj[e]).chunk(2, dim=-1)
-            y = linear(experts.act_fn(g) * u, experts.down_proj[e]) * top_w[token_idx, k_pos, None]
-            out.index_add_(0, token_idx, y.to(out.dtype))
-        return out, top_i
+        return mix_experts(h, experts, top_i, top_w.to(router_logits.dtype)), top_i
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = rms_norm(h, self.model.model.norm.weight, self.model.model.norm.variance_epsilon)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from flywheel.inference.qwen3 import Qwen3Runner, linear, rms_norm, supports
+from flywheel.inference.qwen3 import Qwen3Runner, linear, mix_experts, rms_norm, supports
 from flywheel.numerics.attention import sequence_attention
 
 
@@ -79,15 +79,7 @@ def moe_block(runner: Qwen3Runner, mlp, h: torch.Tensor, replay: torch.Tensor | 
             top_w = probs.gather(-1, top_i)
     if gate.norm_topk_prob:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-    top_w = top_w.to(router_logits.dtype)
-    out = torch.zeros_like(h)
-    for e in torch.unique(top_i).tolist():
-        token_idx, k_pos = torch.where(top_i == e)
-        cur = h[token_idx]
-        g, u = linear(cur, experts.gate_up_proj[e]).chunk(2, dim=-1)
-        y = linear(experts.act_fn(g) * u, experts.down_proj[e]) * top_w[token_idx, k_pos, None]
-        out = out.index_add(0, token_idx, y.to(out.dtype))
-    return out
+    return mix_experts(h, experts, top_i, top_w.to(router_logits.dtype))
 
 
 class BatchInvariantForward:
