@@ -89,14 +89,21 @@ def test_weight_swap_mid_generation(tiny):
     base = build_model(ModelConfig(preset="tiny", max_seq_len=256), vocab_size=2048)
     new_sd = _perturbed(base)
     prompts = _prompts(4, seed=5)
-    params = [SamplingParams(max_new_tokens=40, **GREEDY) for _ in prompts]
+    n = 120  # long enough that the poll below always catches the engine mid-sequence
+    params = [SamplingParams(max_new_tokens=n, **GREEDY) for _ in prompts]
 
     async def main():
         async with LocalEngine(base) as engine:
             tasks = [asyncio.create_task(engine.generate(p, sp)) for p, sp in zip(prompts, params)]
-            while len(engine.step_log) < 10:
+            while len(engine.step_log) < 5:
                 await asyncio.sleep(0.002)
-            pause_ms = await asyncio.to_thread(engine.update_weights, 1, new_sd)  # from another thread
+            # Hold decoding so the swap lands mid-sequence however slow this thread is scheduled (a busy CI
+            # machine once let all the steps finish before the update thread ran); the update itself still
+            # comes from another thread and takes the step lock like a live one.
+            engine.pause()
+            assert len(engine.step_log) < n, "generation finished before the test could pause it"
+            pause_ms = await asyncio.to_thread(engine.update_weights, 1, new_sd)
+            engine.resume()
             gens = await asyncio.gather(*tasks)
             after = await engine.generate(prompts[0], params[0])
             return gens, after, pause_ms, engine.version
@@ -104,9 +111,9 @@ def test_weight_swap_mid_generation(tiny):
     gens, after, pause_ms, version = asyncio.run(main())
     assert version == 1 and 0 <= pause_ms < 50
     for g in gens:
-        assert len(g.token_ids) == 40
+        assert len(g.token_ids) == n
         swap_at = g.versions.index(1)
-        assert 0 < swap_at < 40 and g.versions == [0] * swap_at + [1] * (40 - swap_at)
+        assert 0 < swap_at < n and g.versions == [0] * swap_at + [1] * (n - swap_at)
     # a request after the swap equals a fresh engine on a model that always had the new weights
     fresh = build_model(ModelConfig(preset="tiny", max_seq_len=256), vocab_size=2048)
     fresh.load_state_dict(new_sd)
@@ -116,7 +123,7 @@ def test_weight_swap_mid_generation(tiny):
             return await engine.generate(prompts[0], params[0])
 
     expected = asyncio.run(ref())
-    assert after.token_ids == expected.token_ids and after.versions == [1] * 40
+    assert after.token_ids == expected.token_ids and after.versions == [1] * n
 
 
 def test_rejected_weight_update_keeps_previous_version(tiny):
