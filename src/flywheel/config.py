@@ -169,6 +169,9 @@ class SynthConfig(Section):
     num_heldout: int = Field(100, ge=1, le=1_000_000, description="held-out tasks (functions never seen in training)")
     difficulties: list[Literal["easy", "medium", "hard"]] = Field(
         ["easy"], min_length=1, description="difficulty levels mixed uniformly")
+    test_runner: Literal["minitest", "pytest"] = Field(
+        "minitest", description="how tasks run their tests: `runtests.py` (flywheel/envs/minitest.py, ~20 ms "
+                                "to start) or pytest (~450 ms); both write the JUnit XML grading reads")
 
 
 class MidtrainConfig(Section):

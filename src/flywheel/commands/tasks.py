@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--split", choices=["train", "heldout"], default="train",
                    help="function templates to draw from (held-out templates never appear in train)")
     s.add_argument("--difficulty", choices=["easy", "medium", "hard"], default=None, help="default: a mix")
+    s.add_argument("--runner", choices=["minitest", "pytest"], default="minitest",
+                   help="test runner the tasks use (default: runtests.py, see envs/minitest.py)")
     c = sub.add_parser("check", help="load a task file and report broken tasks")
     c.add_argument("path", help="JSONL task file")
     c.add_argument("--format", default="auto", choices=["auto", "flywheel", "swebench", "humaneval"])
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         if args.n < 0:
             raise SystemExit("flywheel tasks synth: --n must be >= 0")
         t0 = time.perf_counter()
-        tasks = write_tasks(args.out, args.n, seed=args.seed, split=args.split, difficulty=args.difficulty)
+        tasks = write_tasks(args.out, args.n, seed=args.seed, split=args.split, difficulty=args.difficulty,
+                            runner=args.runner)
         summary = task_summary(tasks)
         print(json.dumps({k: summary[k] for k in ("split", "difficulty", "mutation")}))
         print(f"wrote {len(tasks)} verified tasks ({len(summary['function'])} functions) to {args.out} "

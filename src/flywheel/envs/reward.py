@@ -6,7 +6,7 @@
 How grading stays tamper-proof:
 * It never runs in the agent's sandbox. The agent's final workspace is copied; every test file the task
   started with (`test_*.py`, `*_test.py`, `conftest.py`) is restored, test files and conftest.py files
-  the agent added are deleted, pytest config files (pytest.ini, tox.ini, setup.cfg, pyproject.toml) are
+  the agent added are deleted, hidden files (a shipped test runner among them) written back, pytest config files (pytest.ini, tox.ini, setup.cfg, pyproject.toml) are
   restored; then the hidden files are written and a SWE-bench `test_patch` applied. The copy becomes the
   base of a brand-new sandbox where the test command runs with third-party plugin autoload off.
 * Results are per test, from pytest's JUnit XML (written at the end of the session, after every test has
@@ -173,7 +173,7 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
     ch = changes or workspace_changes(task, workspace)
     flags: list[str] = []
     touched = set(ch.modified) | set(ch.deleted)
-    if any(is_test_path(p) and Path(p).name != "conftest.py" for p in touched):
+    if any((is_test_path(p) or p in task.hidden_files) and Path(p).name != "conftest.py" for p in touched):
         flags.append("tests_edited")
     changed_text = {**ch.added, **{p: new for p, (_, new) in ch.modified.items()}}
     plugin = any(Path(p).name == "conftest.py" for p in set(changed_text) | set(ch.deleted))

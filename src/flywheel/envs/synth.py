@@ -19,7 +19,10 @@ Why it looks like this:
   the `test_*` functions called directly (~1 ms per task), instead of one pytest subprocess per task
   (~0.5 s each, minutes for 1000). A task is kept only if the original passes every test and the mutant
   fails at least one. Templates have no `while` loops or recursion, so no mutant can hang the generator.
-  The real pytest path is exercised by grading (tests/unit/test_env.py runs the oracle through it).
+* Tests run under `runtests.py` (`envs/minitest.py`, shipped with each task and restored at grading),
+  a pytest-compatible runner that starts in ~20 ms instead of pytest's ~450 ms; every session is graded
+  and the agent runs the tests too, so this is most of a rollout's CPU. `runner="pytest"` (config
+  `synth.test_runner`) keeps plain pytest; both grade identically (tests/unit/test_minitest.py).
 
 `oracle_actions(task)` replays the known fix through the tools (view, str_replace, submit); it is used by
 tests and to write mid-training transcripts.
@@ -549,8 +552,32 @@ def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind,
               "module": mod_file, "old": old_lines, "new": new_lines, **({"edit": list(edit)} if edit else {})})
 
 
-def generate_tasks(n: int, seed: int = 0, split: Split = "train", difficulty: str | None = None) -> list[Task]:
+RUNNERS = ("minitest", "pytest")
+RUNNER_FILE = "runtests.py"
+
+
+def with_runner(task: Task, runner: str) -> Task:
+    """The task graded by `runner`: "pytest" as generated, or "minitest" — `runtests.py` shipped in the
+    workspace and among the hidden files (so grading writes it back over any edit)."""
+    if runner not in RUNNERS:
+        raise ValueError(f"test runner must be one of {RUNNERS}, got {runner!r}")
+    if runner == "pytest":
+        return task
+    import dataclasses
+
+    from flywheel.envs import minitest
+
+    src = Path(minitest.__file__).read_text(encoding="utf-8")
+    return dataclasses.replace(task, files={**task.files, RUNNER_FILE: src},
+                               hidden_files={**task.hidden_files, RUNNER_FILE: src},
+                               test_command=f"python {RUNNER_FILE} -q")
+
+
+def generate_tasks(n: int, seed: int = 0, split: Split = "train", difficulty: str | None = None,
+                   runner: str = "minitest") -> list[Task]:
     """`n` verified tasks; deterministic in (n, seed, split, difficulty). `difficulty=None` mixes all three."""
+    if runner not in RUNNERS:
+        raise ValueError(f"test runner must be one of {RUNNERS}, got {runner!r}")
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     if difficulty is not None and difficulty not in DIFFICULTIES:
@@ -567,16 +594,16 @@ def generate_tasks(n: int, seed: int = 0, split: Split = "train", difficulty: st
         # The id names everything the task depends on, so files generated with other settings can be merged.
         task = _make_task(r, split, level, f"synth-{split}-{seed}-{difficulty or 'mix'}-{len(tasks):05d}")
         if task is not None:
-            tasks.append(task)
+            tasks.append(with_runner(task, runner))
     return tasks
 
 
 def write_tasks(path: str | Path, n: int, seed: int = 0, split: Split = "train",
-                difficulty: str | None = None) -> list[Task]:
+                difficulty: str | None = None, runner: str = "minitest") -> list[Task]:
     """Generate and save as flywheel JSONL (readable by `flywheel.envs.tasks.load_tasks`)."""
     from flywheel.envs.tasks import save_tasks
 
-    tasks = generate_tasks(n, seed=seed, split=split, difficulty=difficulty)
+    tasks = generate_tasks(n, seed=seed, split=split, difficulty=difficulty, runner=runner)
     save_tasks(tasks, path)
     return tasks
 

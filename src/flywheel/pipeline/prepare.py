@@ -34,7 +34,8 @@ def _load_or_synth(path: str, out: Path, n: int, split: str, cfg: FlywheelConfig
     tasks: list[Task] = []
     for i, d in enumerate(diffs):  # an equal share per difficulty level
         share = n // len(diffs) + (1 if i < n % len(diffs) else 0)
-        tasks += generate_tasks(share, seed=seed + 101 * i, split=split, difficulty=d)
+        tasks += generate_tasks(share, seed=seed + 101 * i, split=split, difficulty=d,
+                                runner=cfg.synth.test_runner)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_tasks(tasks, out)
     return tasks
@@ -48,9 +49,15 @@ def prepare_tasks(cfg: FlywheelConfig, run_dir: Path) -> tuple[list[Task], list[
 
 
 def task_corpus(tasks: list[Task]):
+    """Problem statements and workspace files, each distinct text once (a file every task ships, such as
+    the test runner, would otherwise count thousands of times and skew the BPE merges)."""
+    seen: set[str] = set()
     for t in tasks:
         yield t.problem
-        yield from t.files.values()
+        for text in t.files.values():
+            if text not in seen:
+                seen.add(text)
+                yield text
 
 
 def prepare_tokenizer(cfg: FlywheelConfig, run_dir: Path, tasks: list[Task]):
