@@ -185,6 +185,8 @@ class MidtrainConfig(Section):
     failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
     lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")
     num_epochs: int = Field(2, ge=1, le=1000, description="passes over the transcripts")
+    copy_drill_fraction: float = Field(0.5, ge=0, le=1, description="share of drills with a random file and edit "
+                                       "(teaches copying from the statement; see pipeline/transcripts.py)")
     num_steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as num_epochs takes")
     warmup_steps: int = Field(10, ge=0, description="linear learning-rate warmup (optimizer steps)")
     batch_tokens: int = Field(8192, ge=64, description="tokens per optimizer step")

@@ -55,3 +55,24 @@ def test_make_transcripts_and_drills(chat, tasks, tmp_path):
         assert sum(mask) < len(ids) < 200
     with pytest.raises(ValueError, match="known `solution`"):
         make_drills([Task(id="x", problem="p")], 1, chat.tokenizer)
+
+
+def test_copy_drills_quote_their_edit_and_need_no_tasks(chat):
+    import json
+    import re
+
+    drills = make_drills([], 40, chat.tokenizer, seed=3, copy_fraction=1.0)
+    assert len(drills) == 40 and len({tuple(ids) for ids, _ in drills}) == 40  # random, not repeated
+    edits = 0
+    for ids, mask in drills:
+        text = chat.tokenizer.decode(ids)
+        path, old, new = re.search(r"In `([^`]+)`, function `[^`]+` returns the wrong value: `([^`]+)` should be "
+                                   r"`([^`]+)`", text).groups()
+        call = json.loads(re.search(r"<tool_call>(.*)</tool_call>", text).group(1))
+        assert call["arguments"]["path"] == path and old != new
+        if call["name"] == "str_replace":
+            edits += 1
+            assert (call["arguments"]["old"], call["arguments"]["new"]) == (old, new)
+        answer = chat.tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        assert answer.startswith("<tool_call>") and path in answer
+    assert 20 <= edits < 40  # mostly edits, some views

@@ -492,6 +492,11 @@ def _make_task(r: random.Random, split: Split, difficulty: str, task_id: str) ->
     return None
 
 
+def easy_statement(mod_file: str, name: str, old: str, new: str) -> str:
+    """The `easy` problem statement: it names the file and quotes the exact edit."""
+    return f"In `{mod_file}`, function `{name}` returns the wrong value: `{old}` should be `{new}`."
+
+
 def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind, cases, failing, first_fail,
               old_lines, new_lines) -> Task | None:
     # Visible cases: the first failing one and a passing one, so `run_tests` shows the bug.
@@ -539,7 +544,7 @@ def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind,
         edit = minimal_edit(old_lines[0], new_lines[0], module_src, orig_src)
         if edit is None:
             return None
-        problem = f"In `{mod_file}`, function `{name}` returns the wrong value: `{edit[0]}` should be `{edit[1]}`."
+        problem = easy_statement(mod_file, name, edit[0], edit[1])
     elif difficulty == "medium":
         problem = f"In `{mod_file}`, function `{name}` is wrong: `{call}` should return {want!r} but {got_text}."
     else:

@@ -19,8 +19,9 @@ from flywheel.metrics.log import read_metrics
 
 # (title, [(metric key, label)], y label)
 PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
-    ("Reward and pass rate (trained groups)", [("reward/mean", "mean reward"),
-                                               ("rollout/pass_rate", "train pass rate")], "fraction"),
+    ("Reward and pass rate", [("rollout/reward_all", "mean reward, all rollouts"),
+                              ("rollout/pass_rate_all", "pass rate, all rollouts"),
+                              ("reward/mean", "mean reward, trained groups")], "fraction"),
     ("Loss", [("loss", "total loss"), ("pg_loss", "policy-gradient loss"), ("kl", "KL to reference")], ""),
     ("Staleness of trained groups", [("staleness/mean", "mean"), ("staleness/max", "max")], "trainer versions"),
     ("Throughput", [("throughput/rollouts_per_s", "rollouts/s"), ("throughput/tokens_per_s_k", "k tokens/s")], "per second"),

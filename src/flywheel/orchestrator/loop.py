@@ -75,6 +75,19 @@ def batch_metrics(batch: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
+    """Reward and pass rate of every group that arrived since the last step, dropped ones included: the
+    learning curve (the trained batch is biased towards mixed groups when uniform groups are dropped)."""
+    from flywheel.rollout.evaluate import solved
+
+    trajs = [t for g in groups for t in g]
+    if not trajs:
+        return {}
+    return {"rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
+            "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
+            "rollout/num_all": float(len(trajs))}
+
+
 def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_dir: Path, tasks: list[Task], *,
            resume: bool = False, on_step: Callable[[dict], None] | None = None,
            stop_event: threading.Event | None = None) -> dict:
@@ -114,6 +127,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     outstanding = 0
     node_stats: dict = {}
     num_rollouts = num_tokens = 0
+    received: list[list[Trajectory]] = []  # every group since the last step
     busy_s = 0.0
     previous_handlers = _install_stop_handlers(stop_event)
     source.start()
@@ -129,6 +143,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                 node_stats[node_id] = stats
                 outstanding = max(0, outstanding - 1)
                 num_rollouts += len(group)
+                received.append(group)
                 num_tokens += sum(t.meta.get("num_sampled_tokens", 0) for t in group)
                 if buffer.admit(group, trainer.version, key=admitted.count) == "admitted":
                     admitted.append(group)
@@ -141,7 +156,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
             busy_s += time.monotonic() - t0
             trainer.publish()
             elapsed = time.monotonic() - t_start
-            record = {"step": trainer.version, **metrics, **batch_metrics(batch),
+            record = {"step": trainer.version, **metrics, **batch_metrics(batch), **received_metrics(received),
                       "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
                       "staleness/max": max(staleness, default=0),
                       "trainer/busy": busy_s / elapsed, "time/elapsed_s": elapsed,
@@ -150,6 +165,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       **{f"buffer/{k}": v for k, v in buffer.counters.items()},
                       **_weights_metrics(trainer), **_node_metrics(node_stats),
                       **(source.pool_stats() if hasattr(source, "pool_stats") else {})}  # Ray: pool-wide counters
+            received.clear()
             log.write(record)
             if on_step:
                 on_step(record)

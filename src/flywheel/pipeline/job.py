@@ -102,7 +102,8 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
 
         def on_step(rec: dict) -> None:
             progress.update("RL", rec["step"], cfg.trainer.num_steps,
-                            f"reward {rec['reward/mean']:.2f} pass {rec['rollout/pass_rate']:.2f} "
+                            f"reward {rec.get('rollout/reward_all', rec['reward/mean']):.2f} "
+                            f"pass {rec.get('rollout/pass_rate_all', rec['rollout/pass_rate']):.2f} "
                             f"stale {rec['staleness/mean']:.1f}")
 
         rl = run_rl(cfg, run_dir, base, run_dir / "tokenizer" if not cfg.tokenizer.path else Path(cfg.tokenizer.path),

@@ -45,7 +45,8 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     n = cfg.midtrain.num_transcripts
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
-    drills = make_drills(tasks, cfg.midtrain.num_drills, tokenizer, cfg.midtrain.seed)
+    drills = make_drills(tasks, cfg.midtrain.num_drills, tokenizer, cfg.midtrain.seed,
+                         copy_fraction=cfg.midtrain.copy_drill_fraction)
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
     m = cfg.midtrain

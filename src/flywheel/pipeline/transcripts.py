@@ -15,6 +15,12 @@ Drills complement the transcripts: a task statement followed directly by one arg
 tokens on context and only a few on copying a file name or a span from the statement into a call — the one
 skill a small model finds hardest. Drills are ~70 tokens each and mostly that skill, so they teach it at a
 fraction of the compute.
+
+Copy drills (`midtrain.copy_drill_fraction`): the same statement → call shape with a *random* file, function
+and edit (`d7 < tq` should be `tq < d7`, `41` should be `40`, ...). Drills built from the tasks alone let a
+small model memorise each task's fix instead of learning to copy — held-out functions then get a plausible
+but wrong edit (`-` → `>`). Random spans cannot be memorised, so the only way to fit them is to copy from the
+statement, which is what held-out tasks need.
 """
 
 from __future__ import annotations
@@ -112,21 +118,69 @@ def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: 
     return examples
 
 
-def make_drills(tasks: list[Task], num_drills: int, tokenizer, seed: int = 0) -> list[tuple[list[int], list[int]]]:
-    """`num_drills` (statement → one tool call) examples from the tasks' known fixes; see the module docstring."""
+_NAMES = ("a", "b", "x", "y", "n", "k", "i", "j", "s", "t", "lo", "hi", "acc", "val", "arr", "idx", "total",
+          "count", "item", "res", "cur", "step", "size", "left", "right", "key")
+_OPS = ("+", "-", "*", "//", "%", "<", "<=", ">", ">=", "==", "!=", "and", "or")
+_FILES = ("core", "calc", "utils", "funcs", "compute", "helpers", "mathops", "logic", "tools", "ops", "lib", "main")
+
+
+def _name(rng: random.Random) -> str:
+    base = rng.choice(_NAMES) if rng.random() < 0.6 else "".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
+                                                                 for _ in range(rng.randint(1, 4)))
+    return base + (str(rng.randint(0, 9)) if rng.random() < 0.3 else "")
+
+
+def _operand(rng: random.Random) -> str:
+    return str(rng.randint(0, 99)) if rng.random() < 0.35 else _name(rng)
+
+
+def random_edit(rng: random.Random) -> tuple[str, str]:
+    """A random (old, new) pair shaped like a synthetic bug's fix: swapped operands or operator, a constant
+    off by one, a dropped `+ 1`."""
+    a, b = _operand(rng), _operand(rng)
+    op = rng.choice(_OPS)
+    kind = rng.randrange(4)
+    if kind == 0:
+        return f"{a} {op} {b}", f"{b} {op} {a}"
+    if kind == 1:
+        return f"{a} {op} {b}", f"{a} {rng.choice([o for o in _OPS if o != op])} {b}"
+    if kind == 2:
+        n = rng.randint(0, 99)
+        return str(n), str(n + rng.choice((-1, 1, 2)))
+    return f"{a} {op} {b}", f"{a} {op} {b} + 1"
+
+
+def copy_drill(rng: random.Random) -> tuple[str, ToolCall]:
+    """A random easy-style statement and the call that answers it (view the file, or make the edit)."""
+    from flywheel.envs.synth import easy_statement
+
+    path = f"{rng.choice(_FILES)}{rng.choice(['', '_', ''])}{rng.choice(['', str(rng.randint(1, 9))])}.py"
+    old, new = random_edit(rng)
+    while old == new:
+        old, new = random_edit(rng)
+    statement = easy_statement(path, f"{_name(rng)}_{_name(rng)}", old, new)
+    if rng.random() < 0.25:
+        return statement, ToolCall("view", {"path": path})
+    return statement, ToolCall("str_replace", {"path": path, "old": old, "new": new})
+
+
+def make_drills(tasks: list[Task], num_drills: int, tokenizer, seed: int = 0,
+                copy_fraction: float = 0.0) -> list[tuple[list[int], list[int]]]:
+    """`num_drills` (statement → one tool call) examples: from the tasks' known fixes, and a `copy_fraction`
+    share of random copy drills; see the module docstring."""
     from flywheel.envs.synth import oracle_actions
     from flywheel.policy.chat import ChatFormat
 
     bare = ChatFormat(tokenizer, [])  # no tool list: the drill is only the statement and the call
-    pool = [(t, c) for t in tasks if t.solution for c in oracle_actions(t) if c.arguments]
-    if not pool and num_drills:
+    pool = [(t.problem, c) for t in tasks if t.solution for c in oracle_actions(t) if c.arguments]
+    if not pool and num_drills and copy_fraction < 1.0:
         raise ValueError("drills need tasks with a known `solution` whose fix takes tool arguments")
     rng = random.Random(seed)
     rng.shuffle(pool)
     examples = []
     for n in range(num_drills):
-        task, call = pool[n % len(pool)]
-        prompt = bare.render([Message(role="user", content=task.problem)])
+        problem, call = copy_drill(rng) if rng.random() < copy_fraction else pool[n % len(pool)]
+        prompt = bare.render([Message(role="user", content=problem)])
         answer = bare.assistant_tokens(Message(role="assistant", content="", tool_calls=[call]))
         examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
     return examples
