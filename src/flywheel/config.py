@@ -158,6 +158,10 @@ class OrchestratorConfig(Section):
                                           "(each resumes from the newest checkpoint)")
     ray_max_group_attempts: int = Field(3, ge=1, le=100, description="Ray: engines a group may be tried on "
                                         "before it is dropped (counted in rollout/lost_groups)")
+    ray_num_graders: int = Field(0, ge=0, le=10_000, description="Ray: grader actors that run the hidden tests "
+                                 "(engines send them the agent's changes); 0 = grade inside each engine actor")
+    ray_grader_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved per grader actor")
+    ray_grader_concurrency: int = Field(4, ge=1, le=1024, description="Ray: gradings one grader actor runs at once")
     regions: list[str] = Field(default_factory=list, description="Ray: region label of engine n is "
                                "regions[n % len]; each region pulls weights through its own relay; [] = one region")
 
@@ -181,12 +185,12 @@ class MidtrainConfig(Section):
     num_drills: int = Field(4000, ge=0, le=10_000_000, description="short statement → tool-call examples (see pipeline/transcripts.py)")
     drill_steps: int = Field(0, ge=0, description="optimizer steps on drills alone before the transcripts (curriculum stage 1)")
     drill_batch_tokens: int = Field(1024, ge=64, description="tokens per optimizer step in the drill stage")
+    copy_drill_fraction: float = Field(0.5, ge=0, le=1, description="share of drills with a random file and edit "
+                                       "(teaches copying from the statement; see pipeline/transcripts.py)")
     imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")
     failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
     lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")
     num_epochs: int = Field(2, ge=1, le=1000, description="passes over the transcripts")
-    copy_drill_fraction: float = Field(0.5, ge=0, le=1, description="share of drills with a random file and edit "
-                                       "(teaches copying from the statement; see pipeline/transcripts.py)")
     num_steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as num_epochs takes")
     warmup_steps: int = Field(10, ge=0, description="linear learning-rate warmup (optimizer steps)")
     batch_tokens: int = Field(8192, ge=64, description="tokens per optimizer step")

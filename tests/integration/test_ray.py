@@ -3,7 +3,8 @@
     .venv/bin/python -m pytest -q -m ray tests/integration/test_ray.py
 
 Each test runs `run_rl` with `orchestrator.backend = "ray"` from one small mid-trained base (built once per
-module) and attacks one property: an engine killed mid-run loses no group; an engine added mid-run (through the
+module) and attacks one property: an engine killed mid-run loses no group; sessions graded by grader actors,
+one of them killed mid-run, lose no group; an engine added mid-run (through the
 CLI's control file, in a second region) joins at the current weights and pulls them through its own relay; a
 killed trainer actor resumes from its checkpoint.
 """
@@ -14,8 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-import ray  # noqa: E402  (in the dev extra: a missing install fails here, loudly)
+import ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -89,6 +89,32 @@ def test_engine_killed_mid_run_loses_no_group(cluster, base, tmp_path):
     assert last["rollout/engines_died"] == 1.0
     assert last["rollout/requeued"] >= 1.0  # its in-flight groups went to the other engine
     assert last["rollout/lost_groups"] == 0.0
+    assert (run_dir / "final_model" / "config.json").exists()
+
+
+def test_grader_actors_grade_and_a_killed_grader_loses_no_group(cluster, base, tmp_path):
+    run_dir = tmp_path / "graders"
+    cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--orchestrator.ray_num_graders", "2",
+                            "--orchestrator.ray_grader_num_cpus", "0.5", "--trainer.num_steps", "5"])
+    killed = []
+
+    def on_step(record):
+        if record["step"] == 1 and not killed:
+            assert record["rollout/graded_remote"] > 0 and record.get("rollout/graded_fallback", 0.0) == 0.0
+            ray.kill(ray.get_actor(f"flywheel-grader-{run_dir.name}-0"))  # for good: no restart
+            killed.append(record["rollout/graded_remote"])
+
+    out = _run(cfg, run_dir, base, on_step)
+    assert killed and out["steps"] == 5 and not out["interrupted"]
+    last = _records(run_dir)[-1]
+    # every session was graded by a grader actor, none in the engine (one stats snapshot: gradings >= sessions)
+    assert last["rollout/graded_remote"] >= last["rollout/sessions"] >= 5 * 8 - 8
+    assert last["rollout/graded_remote"] > killed[0]
+    assert last["rollout/graded_fallback"] == 0.0
+    assert last["rollout/grader_retries"] >= 1.0  # the engine met the dead grader and went to the other one
+    assert last["pool/num_graders_up"] == 1.0
+    assert last["grader/num_graded"] > 0  # the survivor's own count
+    assert last["rollout/lost_groups"] == 0.0 and last.get("rollout/env_failed_sessions", 0.0) == 0.0
     assert (run_dir / "final_model" / "config.json").exists()
 
 

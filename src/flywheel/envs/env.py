@@ -5,12 +5,16 @@
     observations, done = env.step(tool_calls, errors)     # one tool message per call / error
     reward = env.grade()                                  # hidden tests in a fresh sandbox
     env.close()
+    CodingEnv(cfg.env, cache_dir, grader=pool)            # grade elsewhere (orchestrator/grader.py)
 
 Synchronous by design: every method does blocking file and process work, and the async agent loop calls
 it through `asyncio.to_thread`, so one slow test run never stalls the event loop that batches decoding.
 A task's base workspace is materialised once per task (`task_base_dir`, cached under `cache_dir`) and each
 `reset` gets a private copy-on-write sandbox over it. A malformed tool call (`ToolCallError`) becomes an
 error observation and the session goes on; only `submit` ends it (the agent loop adds turn/token limits).
+Grading runs `reward.grade` on the sandbox's workspace in this process unless a `grader` is given; then only
+the agent's changes (`envs/changes.py`) and the tool log are handed to it (the Ray backend's
+grader actors rebuild the workspace from the task and grade it there, with the same result).
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ class CodingEnv:
     """One session at a time: `reset(task)` (closing any previous one), `step`, `grade`, `close`."""
 
     def __init__(self, cfg: EnvConfig, cache_dir: str | Path, sandbox_kind: str = "auto", *,
-                 judge: Any = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 judge: Any = None, loop: asyncio.AbstractEventLoop | None = None, grader: Any = None) -> None:
         """`judge` (a `RubricJudge`) is consulted by `grade` when `cfg.rubric_weight > 0`; `loop` is the event
         loop its engine runs on (the env is called from worker threads, so the judge's coroutine is
-        submitted to that loop); without `loop` the judge runs in a private `asyncio.run`."""
+        submitted to that loop); without `loop` the judge runs in a private `asyncio.run`. `grader` (None:
+        `reward.grade` here, on the sandbox's workspace) is a `Grader` or callable
+        `(task, changes, tool_log) -> Reward` that gets the agent's changes instead of the directory."""
         if not isinstance(cfg, EnvConfig):
             raise TypeError(f"cfg must be an EnvConfig, got {type(cfg).__name__}")
         self.cfg = cfg
@@ -58,6 +64,8 @@ class CodingEnv:
         self.done = False
         self.reward: Reward | None = None
         self.judge, self.loop = judge, loop
+        self.grader = grader
+        self.base: Path | None = None  # the task's base workspace (what a remote grader rebuilds from)
         if cfg.rubric_weight > 0 and judge is None:
             raise ValueError("env.rubric_weight > 0 needs a RubricJudge: pass CodingEnv(..., judge=RubricJudge(...))")
 
@@ -67,6 +75,7 @@ class CodingEnv:
 
         self.close()
         base = task_base_dir(task, self.cache_dir)
+        self.base = base
         self.sandbox = create_sandbox(base, SandboxLimits.from_config(self.cfg), kind=self.sandbox_kind)
         self.task, self.done, self.reward = task, False, None
         self.harness = Harness(self.sandbox, self.cfg, task)
@@ -97,7 +106,13 @@ class CodingEnv:
             raise RuntimeError("call reset(task) before grade()")
         if self.reward is None:
             ws = Path(self.sandbox.workspace)
-            reward = grade(self.task, ws, self.cfg, tool_log=self.harness.log, kind=self.sandbox_kind)
+            if self.grader is None:
+                reward = grade(self.task, ws, self.cfg, tool_log=self.harness.log, kind=self.sandbox_kind)
+            else:
+                from flywheel.envs.changes import call_grader, capture_changes
+
+                changes = capture_changes(self.base, ws)
+                reward = call_grader(self.grader, self.task, changes, list(self.harness.log))
             if self.judge is not None and self.cfg.rubric_weight > 0:
                 from flywheel.envs.reward import combine, workspace_diff
 

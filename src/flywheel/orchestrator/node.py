@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from flywheel.config import FlywheelConfig
 from flywheel.types import Task, Trajectory
@@ -41,7 +41,9 @@ class NodeSpec:
 
 
 class InferenceNode:
-    def __init__(self, spec: NodeSpec):
+    def __init__(self, spec: NodeSpec, grader=None):
+        """`grader` (None: grade in this process) is handed to every CodingEnv (see envs/env.py; the Ray backend
+        passes an `orchestrator.grader.GraderPool` over its grader actors)."""
         import torch
 
         from flywheel.envs.env import CodingEnv
@@ -63,7 +65,9 @@ class InferenceNode:
         # store_url: a store directory / fsspec URL, or a relay's http URL (weights.sync.open_source)
         self.subscriber = Subscriber.from_config(spec.store_url, self.engine, self.cfg.weights)
         env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
-        self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind), self.cfg.rollout)
+        self.grader = grader
+        self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind, grader=grader),
+                                    self.cfg.rollout)
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)
         self.num_groups = 0
         self.t_start = time.monotonic()
@@ -126,4 +130,6 @@ class InferenceNode:
             m = self.subscriber.metrics[-1]
             s.update({"weights/pause_ms": m.get("pause_ms", 0.0), "weights/apply_ms": m.get("total_ms", 0.0)})
         s.update({f"rollout/{k}": float(v) for k, v in self.worker.counters.items()})
+        if hasattr(self.grader, "stats"):
+            s.update(self.grader.stats())
         return s

@@ -14,6 +14,16 @@ exactly the requested groups (sync mode). It remembers which groups each engine 
 `ray_max_group_attempts` engines is dropped and counted in `rollout/lost_groups`) and nothing is lost. A removed
 engine drains (its groups finish, none are added) or, with drain=False, is killed and its groups handed back.
 
+Graders (`orchestrator.ray_num_graders` > 0): a pool of `GraderActor`s started before the engines; every engine
+gets all their handles and sends each session's changes (not its directory) to the least-loaded one, retrying on
+another when one dies (`rollout/grader_retries`; see orchestrator/grader.py). With 0 graders each engine grades
+its own sessions, as the local backend does. `grader/num_graded` sums what the live graders have graded.
+
+`get` collects every future that is ready in one `ray.wait` (the first wait blocks up to `timeout_s`, the rest
+is taken with timeout 0), queues the extra groups and hands them out on the next calls, one per call; the
+futures of every engine found dead in that pass are re-queued in the same pass, after its finished groups are
+kept.
+
 Weights: the trainer publishes to the weight store (the source of truth). One origin relay serves the store;
 each region gets one relay whose upstream is the origin, and the engines of a region subscribe through it. The
 trainer side therefore sends each version once per region, not once per engine. Metrics per region:
@@ -39,6 +49,7 @@ from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.node import NodeSpec
 
 STATS_EVERY_S = 2.0  # relay counters and the store's newest version are read at most this often
+GRADER_MAX_RESTARTS = 3  # a grader that crashes comes back under the same handle this many times
 
 
 def _ray():
@@ -159,6 +170,8 @@ class RayRollouts:
         self._num_jobs = 0
         self._pool_stats: dict = {}
         self._t_stats = 0.0
+        self.graders: list = []  # GraderActor handles, given to every engine
+        self._ready: deque[tuple[str, int, Any, dict]] = deque()  # groups collected but not yet returned
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,6 +182,7 @@ class RayRollouts:
         store = Path(self.store_url)
         self.origin = _remote(RelayActor, num_cpus=0).remote(store=str(store.resolve()) if store.exists() else self.store_url)
         self.origin_url = ray.get(self.origin.url.remote(), timeout=timeout_s)
+        self._start_graders()
         regions = self.cfg.orchestrator.regions
         for spec in self.specs:
             region = spec.region or (regions[spec.node_id % len(regions)] if regions else "default")
@@ -192,6 +206,9 @@ class RayRollouts:
             ray.kill(actor)
         if self.origin is not None:
             ray.kill(self.origin)
+        for g in self.graders:
+            ray.kill(g)
+        self.graders = []
         self.relays.clear()
         self.origin = None
         return stats
@@ -225,6 +242,18 @@ class RayRollouts:
         self._kill(e)
         self._fill()
 
+    def _start_graders(self) -> None:
+        """`ray_num_graders` GraderActors (none: engines grade in-process). Ray restarts a crashed one (up to
+        GRADER_MAX_RESTARTS times, same handle); one killed for good is routed around by the engines."""
+        from flywheel.orchestrator.ray_actors import GraderActor
+
+        o = self.cfg.orchestrator
+        env = self.cfg.env.model_dump(mode="json")
+        self.graders = [_remote(GraderActor, num_cpus=o.ray_grader_num_cpus, max_concurrency=o.ray_grader_concurrency,
+                                max_restarts=GRADER_MAX_RESTARTS, name=f"flywheel-grader-{self.cfg.name}-{i}")
+                        .remote(env, str(self.run_dir / "cache" / f"grader{i}"))
+                        for i in range(o.ray_num_graders)]
+
     def _launch(self, spec: NodeSpec, region: str) -> None:
         from flywheel.orchestrator.ray_actors import EngineActor
 
@@ -232,7 +261,7 @@ class RayRollouts:
         o = self.cfg.orchestrator
         actor = _remote(EngineActor, num_cpus=o.ray_engine_num_cpus, num_gpus=o.ray_engine_num_gpus,
                         max_concurrency=1000, max_restarts=0,
-                        name=f"flywheel-engine-{self.cfg.name}-{spec.node_id}").remote(spec)
+                        name=f"flywheel-engine-{self.cfg.name}-{spec.node_id}").remote(spec, graders=self.graders)
         e = Engine(spec.node_id, region, spec, actor)
         e.ready_ref = actor.ready.remote()
         self.engines[spec.node_id] = e
@@ -311,10 +340,15 @@ class RayRollouts:
             e.stats.setdefault("node/version", e.joined_version)
 
     def get(self, timeout_s: float) -> tuple[str, int, Any, dict] | None:
+        """The next finished group as ("group", node_id, group, stats), or None when none came in `timeout_s`.
+
+        One `ray.wait` collects every ready future; the extra groups are queued and returned by the next calls."""
         ray = _ray()
         self._apply_commands()
         self._check_joining(timeout_s=0)
         self._fill()
+        if self._ready:
+            return self._ready.popleft()
         owner = {ref: e for e in self.engines.values() for ref in e.inflight}
         if not owner:
             if not self.engines:
@@ -322,29 +356,52 @@ class RayRollouts:
                                    "add one with `flywheel pool add RUN_DIR`")
             time.sleep(min(timeout_s, 0.2))
             return None
-        done, _ = ray.wait(list(owner), num_returns=1, timeout=timeout_s)
+        refs = list(owner)
+        done, rest = ray.wait(refs, num_returns=1, timeout=timeout_s)
         if not done:
             return None
-        ref = done[0]
-        e = owner[ref]
-        job = e.inflight.pop(ref)
-        try:
-            group, stats = ray.get(ref)
-        except ray.exceptions.RayActorError as err:
-            e.inflight[ref] = job
-            self._lose_engine(e, str(err))
-            self._fill()
-            return None
-        except ray.exceptions.RayTaskError as err:  # the group itself failed (not the engine): count, go on
-            self.counters["lost_groups"] += 1
-            self._fill()
-            return None
-        self.counters["groups"] += 1
-        e.stats = stats
-        if e.draining and not e.inflight:
-            self._kill(e)
+        if rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            done = done + more
+        self._collect(done, owner)
         self._fill()
-        return ("group", e.node_id, group, stats)
+        return self._ready.popleft() if self._ready else None
+
+    def _collect(self, done: list, owner: dict) -> None:
+        """Take every ready future: finished groups to `_ready`; engines found dead lose their remaining groups
+        (re-queued) once, after their finished ones are kept."""
+        ray = _ray()
+        dead: dict[int, tuple[Engine, str]] = {}
+        collected: list[tuple[str, int, Any, dict]] = []
+        for ref in done:
+            e = owner[ref]
+            if ref not in e.inflight:  # already handed back (engine removed without drain)
+                continue
+            try:
+                group, stats = ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                dead.setdefault(e.node_id, (e, str(err)))  # its job stays in inflight: re-queued below
+                continue
+            except ray.exceptions.RayTaskError:  # the group itself failed (not the engine): count, go on
+                e.inflight.pop(ref)
+                self.counters["lost_groups"] += 1
+                continue
+            e.inflight.pop(ref)
+            self.counters["groups"] += 1
+            collected.append(("group", e.node_id, group, stats))
+        # ray.wait lists ready futures in submission order, not completion order: hand them out oldest stats
+        # first (an engine's session count only grows), so the loop's per-engine metrics never step back
+        collected.sort(key=lambda m: float(m[3].get("rollout/sessions", 0.0)))
+        for _, node_id, _, stats in collected:
+            if node_id in self.engines:
+                self.engines[node_id].stats = stats
+        self._ready.extend(collected)
+        for e, why in dead.values():
+            if e.node_id in self.engines:
+                self._lose_engine(e, why)
+        for e in list(self.engines.values()):
+            if e.draining and not e.inflight:
+                self._kill(e)
 
     def _apply_commands(self) -> None:
         for cmd in self.control.poll():
@@ -389,6 +446,15 @@ class RayRollouts:
             if latest is not None and versions:
                 s[f"staleness/region/{region}"] = float(latest - min(versions))
             status_regions[region] = {"relay": url, "num_engines": sum(e.region == region for e in self.engines.values())}
+        if self.graders:
+            graded = []
+            for g in self.graders:
+                try:
+                    graded.append(ray.get(g.stats.remote(), timeout=10)["num_graded"])
+                except (ray.exceptions.RayError, TimeoutError):
+                    continue
+            s["grader/num_graded"] = float(sum(graded))
+            s["pool/num_graders_up"] = float(len(graded))
         if self.origin is not None:
             try:
                 s["weights/trainer_egress_mb"] = ray.get(self.origin.stats.remote(), timeout=10)["bytes_out"] / 1e6

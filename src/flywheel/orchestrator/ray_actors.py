@@ -1,6 +1,8 @@
-"""The plain classes the Ray backend runs as actors: an inference engine with its workers, and a weight relay.
+"""The plain classes the Ray backend runs as actors: an inference engine with its workers, a grader, a weight relay.
 
-    EngineActor(spec)     # InferenceNode(spec) inside an asyncio actor; run_group(...) is the unit of work
+    EngineActor(spec, graders=[h, ...])   # InferenceNode(spec) inside an asyncio actor; run_group(...) is the unit
+                                          # of work; with grader handles its sessions are graded by GraderActors
+    GraderActor(env_config, cache_dir)    # grade(task, changes, tool_log) -> Reward: rebuild + reward.grade
     RelayActor(store=...) | RelayActor(upstream=url)   # weights.relay.RelayServer on the actor's node
 
 Why so: these are plain classes (no Ray import here); orchestrator/ray.py applies `ray.remote` to them in one
@@ -13,18 +15,28 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 from flywheel.orchestrator.node import NodeSpec
-from flywheel.types import Trajectory
+from flywheel.types import Reward, Task, Trajectory
 
 
 class EngineActor:
     """One InferenceNode (engine + rollout workers + subscriber); many `run_group` calls run concurrently."""
 
-    def __init__(self, spec: NodeSpec, poll_interval_s: float = 0.5):
+    def __init__(self, spec: NodeSpec, poll_interval_s: float = 0.5, graders: list | None = None):
         from flywheel.orchestrator.node import InferenceNode
 
-        self.node = InferenceNode(spec)
+        grader = None
+        if graders:  # sessions are graded by grader actors; in-process only when none of them is left
+            from flywheel.config import FlywheelConfig
+            from flywheel.envs.changes import RebuildGrader
+            from flywheel.orchestrator.grader import GraderPool
+
+            env = FlywheelConfig.model_validate(spec.config).env
+            grader = GraderPool(graders, RebuildGrader(env, spec.cache_dir, env.sandbox),
+                                timeout_s=2 * env.grade_timeout_s + 60)
+        self.node = InferenceNode(spec, grader=grader)
         self.poll_interval_s = poll_interval_s
         self._sync_task: asyncio.Task | None = None
         self._num_running = 0
@@ -67,6 +79,30 @@ class EngineActor:
         if self._sync_task is not None:
             self._sync_task.cancel()
         await self.node.close()
+
+
+class GraderActor:
+    """Runs the hidden tests of sessions that ran elsewhere: task base + the agent's changes, then `reward.grade`.
+
+    A threaded actor (`ray_grader_concurrency` gradings at once): grading is subprocess work in a sandbox."""
+
+    def __init__(self, env_config: dict, cache_dir: str):
+        from flywheel.config import EnvConfig
+        from flywheel.envs.changes import RebuildGrader
+
+        env = EnvConfig.model_validate(env_config)
+        self.grader = RebuildGrader(env, cache_dir, env.sandbox)
+        self._lock = threading.Lock()
+        self.num_graded = 0
+
+    def grade(self, task: Task, changes, tool_log: list[dict]) -> Reward:
+        reward = self.grader.grade(task, changes, tool_log)
+        with self._lock:
+            self.num_graded += 1
+        return reward
+
+    def stats(self) -> dict:
+        return {"num_graded": self.num_graded, "pid": os.getpid()}
 
 
 class RelayActor:
