@@ -18,7 +18,8 @@ import pytest
 
 from flywheel.config import EnvConfig
 from flywheel.envs.sandbox import (
-    ExecResult, SandboxLimits, _kill_uid, bwrap_available, create_sandbox, materialize_base, resolve_kind,
+    ExecResult, SandboxLimits, _kill_uid, bwrap_available, create_sandbox, flush_closed, materialize_base,
+    resolve_kind,
 )
 from flywheel.envs.workspace import overlay_available
 
@@ -148,7 +149,7 @@ def test_workspace_creation_copies_nothing(base: Path) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_copy_fallback_when_overlay_cannot_be_mounted(kind: str, base: Path, monkeypatch) -> None:
-    import flywheel.envs.workspace as workspace
+    from flywheel.envs import workspace
 
     monkeypatch.setattr(workspace, "overlay_available", lambda tmp_root=None: False)
     with create_sandbox(base, SandboxLimits(), kind) as sb:
@@ -157,6 +158,7 @@ def test_copy_fallback_when_overlay_cannot_be_mounted(kind: str, base: Path, mon
         assert r.returncode == 0 and r.stdout == "hello\nx\n", r.output
         (sb.workspace / "tests" / "test_mod.py").write_text("host write\n")
         root = sb._ws.root
+    assert flush_closed(10)
     assert not root.exists()
     assert (base / "a.txt").read_text() == "hello\n" and (base / "pkg" / "mod.py").exists()
     assert (base / "tests" / "test_mod.py").read_text() == FILES["tests/test_mod.py"]
@@ -320,7 +322,8 @@ def test_no_process_and_no_temporary_directory_left_behind(kind: str, base: Path
     assert r.stdout == "started\n" and r.duration_s < 2.5
     sb.close()
     time.sleep(0.05)
-    assert _procs_with(marker) == []
+    assert _procs_with(marker) == []  # processes die in close() itself
+    assert flush_closed(10)  # directories and mounts go in the background; this waits for them
     assert not root.exists()
     assert str(root) not in Path("/proc/mounts").read_text()
 
@@ -328,3 +331,169 @@ def test_no_process_and_no_temporary_directory_left_behind(kind: str, base: Path
 def test_exec_result_output_joins_streams() -> None:
     assert ExecResult(0, "a", "b", False, 0.1).output == "a\nb"
     assert ExecResult(0, "a\n", "", False, 0.1).output == "a\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast bwrap path: prepared read-only root, exec helper, background close, reaper of leftovers
+
+needs_bwrap_root = pytest.mark.skipif(not (ROOT and bwrap_available()), reason="the prepared root needs root + bwrap")
+
+
+@needs_bwrap_root
+def test_bwrap_limits_are_hard_and_devices_work_in_a_read_only_root(base: Path) -> None:
+    lim = SandboxLimits(cpu_time_s=7, memory_mb=300, max_procs=21, file_size_mb=3)
+    with create_sandbox(base, lim, "bwrap") as sb:
+        r = sb.run("for f in St Ht Sv Hv Su Hu Sf Hf Sc; do ulimit -$f; done | tr '\\n' ' '; echo; "
+                   "echo x > /dev/null && head -c 5 /dev/urandom | wc -c; "
+                   "for p in /dev/evil /usr/evil /etc/evil /.sandbox/evil /evil; do (echo x > $p) 2>/dev/null "
+                   "&& echo WROTE $p; done; ls /dev/pts 2>/dev/null | wc -l; "
+                   "python -c 'import multiprocessing as m; l = m.Lock(); l.acquire(); print(\"sem ok\")'")
+    lines = r.stdout.splitlines()
+    # cpu s, address space KiB, procs, file size in 1024-byte blocks; soft = hard; no core files
+    assert lines[0].split() == ["7", "7", "307200", "307200", "21", "21", "3072", "3072", "0"], r.output
+    assert lines[1] == "5" and "WROTE" not in r.stdout, r.output
+    assert lines[2] == "0" and lines[3] == "sem ok", r.output  # /dev/shm is the private /tmp
+
+
+@needs_bwrap_root
+def test_exec_helper_rejects_bad_arguments() -> None:
+    import subprocess
+
+    from flywheel.envs.rootfs import exec_helper
+
+    helper = exec_helper()
+    if helper is None:
+        pytest.skip("no C compiler: the sandbox uses setpriv + ulimit instead")
+    r = subprocess.run([helper, "12x", "1", "1", "1", "1", "/bin/true"], capture_output=True, text=True, check=False)
+    assert r.returncode == 125 and "12x" in r.stderr
+    r = subprocess.run([helper, "1"], capture_output=True, text=True, check=False)
+    assert r.returncode == 125 and "usage" in r.stderr
+    r = subprocess.run([helper, "1234567", "5", "100000000", "9", "1000", "/bin/bash", "-c", "id -u; ulimit -Hu"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and r.stdout.split() == ["1234567", "9"], r
+
+
+@needs_bwrap_root
+def test_close_hands_unmount_to_the_background_and_flush_waits(base: Path) -> None:
+    sbs = [create_sandbox(base, SandboxLimits(), "bwrap") for _ in range(6)]
+    roots = [sb._ws.root for sb in sbs]
+    uids = {sb.uid for sb in sbs}
+    for sb in sbs:
+        assert sb.run("echo hi > f && cat f").stdout == "hi\n"
+        sb.close()
+    assert flush_closed(10)
+    mounts = Path("/proc/mounts").read_text()
+    assert [r for r in roots if r.exists() or str(r) in mounts] == []
+    again = create_sandbox(base, SandboxLimits(), "bwrap")  # released uids are handed out again
+    try:
+        assert again.uid in uids
+    finally:
+        again.close()
+
+
+@needs_root
+def test_reap_stale_removes_only_what_dead_processes_left(tmp_path: Path) -> None:
+    import subprocess
+
+    from flywheel.envs.rootfs import reap_stale
+    from flywheel.envs.workspace import Workspace, _mount_overlay
+
+    if not overlay_available(str(tmp_path)):
+        pytest.skip("overlay cannot be mounted here")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lower = tmp_path / "lower"
+    lower.mkdir()
+    made = {}
+    for who, pid in (("dead", dead.pid), ("live", os.getpid())):
+        d = tmp_path / f"flywheel-sb-{who}"
+        for sub in ("upper", "work", "ws"):
+            (d / sub).mkdir(parents=True)
+        os.chown(d, 0, 1_000_000_000 + pid * 10_000 + 3)  # the gid a sandbox of that process would have
+        _mount_overlay(lower, d / "upper", d / "work", d / "ws")
+        made[who] = d
+    (tmp_path / f"flywheel-root-{dead.pid}-x").mkdir()
+    (tmp_path / f"flywheel-root-{os.getpid()}-y").mkdir()
+    (tmp_path / "flywheel-sb-nogid").mkdir()  # no owner recorded: never touched
+    live_ws = Workspace(lower, owner_uid=1_000_000_000 + os.getpid() * 10_000 + 4, tmp_root=str(tmp_path))
+    try:
+        assert reap_stale(str(tmp_path)) == 2
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted(["lower", "flywheel-sb-live", f"flywheel-root-{os.getpid()}-y", "flywheel-sb-nogid",
+                               live_ws.root.name]), left
+        mounts = Path("/proc/mounts").read_text()
+        assert str(made["dead"]) not in mounts and str(made["live"] / "ws") in mounts
+    finally:
+        live_ws.close()
+        from flywheel.envs.workspace import _umount
+        _umount(made["live"] / "ws")
+
+
+@needs_bwrap_root
+def test_bwrap_without_a_prepared_root_spells_the_view_out(base: Path, monkeypatch) -> None:
+    import flywheel.envs.rootfs as rootfs
+    import flywheel.envs.sandbox as sandbox
+
+    monkeypatch.setattr(rootfs, "prepared_root", lambda tmp_root, roots: None)  # as where it cannot be built
+    sandbox._bwrap_system_args_of.cache_clear()
+    try:
+        with create_sandbox(base, SandboxLimits(max_procs=13), "bwrap") as sb:
+            assert "--dev-bind" not in sb._prefix and "setpriv" in sb._prefix
+            r = sb.run("echo x > /dev/null && cat a.txt && ulimit -Hu && id -u && grep NoNewPrivs /proc/self/status")
+            assert r.returncode == 0 and r.stdout.split()[:3] == ["hello", "13", str(sb.uid)], r.output
+            assert r.stdout.split()[-1] == "1"
+    finally:
+        sandbox._bwrap_system_args_of.cache_clear()
+
+
+@needs_bwrap_root
+def test_forked_child_builds_its_own_root_and_leaves_the_parents(base: Path) -> None:
+    from flywheel.envs.rootfs import _remove_root, reap_stale
+    from flywheel.envs.sandbox import _bwrap_system_args
+    from flywheel.envs.workspace import default_tmp_root
+
+    def root_of_this_process() -> str:
+        return next(a for a in _bwrap_system_args(default_tmp_root(), 1 << 20)[0] if "flywheel-root-" in a)
+
+    with create_sandbox(base, SandboxLimits(), "bwrap") as sb:
+        assert sb.run("cat a.txt").stdout == "hello\n"
+    parent_root = root_of_this_process()
+    inherited = create_sandbox(base, SandboxLimits(), "bwrap")  # open while the child runs
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a sandbox of its own; the inherited one is the parent's to tear down
+        code = 1
+        try:
+            os.close(r)
+            inherited.close()
+            _remove_root(parent_root, os.getppid())  # what the parent's atexit entry does in a child: nothing
+            with create_sandbox(base, SandboxLimits(), "bwrap") as c:
+                out = c.run("cat a.txt").stdout
+            flush_closed(5)
+            os.write(w, f"{out.strip()} {root_of_this_process()}".encode())
+            code = 0
+        finally:
+            os._exit(code)  # like a SIGKILL'd process: its root stays behind for the reaper
+    os.close(w)
+    with os.fdopen(r) as f:
+        got = f.read().split()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and got[0] == "hello"
+    assert got[1] != parent_root and os.path.isdir(got[1] + "/usr/bin")
+    assert os.path.isdir(parent_root + "/usr/bin")  # the parent's root is untouched
+    assert inherited.run("cat a.txt").stdout == "hello\n"  # and so is the sandbox the child closed
+    inherited.close()
+    assert reap_stale(default_tmp_root()) >= 1  # the dead child's root
+    assert not os.path.exists(got[1]) and got[1] not in Path("/proc/mounts").read_text()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_long_output_keeps_head_and_tail(kind: str, base: Path, monkeypatch) -> None:
+    import flywheel.envs.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "MAX_OUTPUT_BYTES", 1000)
+    full = "".join(f"{i}\n" for i in range(1, 3001))  # 13,893 bytes
+    with create_sandbox(base, SandboxLimits(), kind) as sb:
+        r = sb.run("seq 1 3000; echo short >&2", stdin="ignored\n")
+    assert r.stdout == full[:500] + f"\n[... {len(full) - 1000} bytes cut ...]\n" + full[-500:]
+    assert r.stderr == "short\n" and r.returncode == 0
