@@ -207,3 +207,61 @@ def test_bad_configurations_are_refused(models):
         Trainer(llama, TrainerConfig(), batch_invariant=True)
     with pytest.raises(ValueError, match="batch, tokens"):
         BatchInvariantForward(models["tiny"])(torch.zeros(5, dtype=torch.long))
+
+
+def test_chunked_pv_and_decode_attention_are_extension_invariant():
+    """A query reduced over more keys than its span (masked, finite) gets the same bits: what lets a decode
+    step attend over the longest span of its batch, in place on the KV pool."""
+    from flywheel.numerics.attention import chunked_pv, decode_attention
+
+    g = torch.Generator().manual_seed(6)
+    for pos, extra in [(70, 64), (191, 256), (200, 192), (255, 448), (300, 64)]:
+        span = key_span(pos)
+        s = torch.randn(2, 8, span + extra, generator=g)
+        s[..., pos + 1:] = float("-inf")
+        p = torch.softmax(s, dim=-1)
+        v = torch.randn(2, span + extra, 16, generator=g)  # finite values after the position, as in a cache
+        assert torch.equal(chunked_pv(p[..., :span], v[:, :span]), chunked_pv(p, v)), (pos, extra)
+        q = torch.randn(1, 6, 16, generator=g)
+        k = torch.randn(1, 2, span + extra, 16, generator=g)
+        vv = torch.randn(1, 2, span + extra, 16, generator=g)
+        positions = torch.tensor([pos])
+        own = decode_attention(q, k[:, :, :span], vv[:, :, :span], positions, 0.25)
+        assert torch.equal(own, decode_attention(q, k, vv, positions, 0.25)), (pos, extra)
+        ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k[:, :, :pos + 1], vv[:, :, :pos + 1],
+                                                               scale=0.25, enable_gqa=True)
+        assert torch.allclose(own, ref.reshape(1, -1), atol=1e-5)
+
+
+def test_kv_pool_slots_growth_release_and_decode_with_holes(models):
+    import gc
+
+    runner = Qwen3Runner(models["tiny"], 512, batch_invariant=True)
+    pool = runner.kv_pool
+    prompts = _prompts(3, seed=8, lo=20, hi=70)
+    caches = [runner.new_cache(len(p) + 8) for p in prompts]
+    assert [c.slot for c in caches] == [0, 1, 2] and pool.num_live == 3
+    for p, c in zip(prompts, caches):
+        runner.prefill(p, c)
+    stored = caches[0].k[:, :, :len(prompts[0])].clone()
+    long = runner.new_cache(300)  # grows the capacity: contents are copied, caches see the new pool
+    assert pool.capacity >= 320 and torch.equal(caches[0].k[:, :, :len(prompts[0])], stored)
+    assert long.slot == 3 and float(long.k.abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="capacity"):
+        runner.new_cache(0)
+    del caches[1], long  # slots 1 and 3 return on garbage collection: the step's rows are slots 0 and 2
+    gc.collect()
+    assert pool.num_live == 2 and runner.new_cache(10).slot == 1  # lowest free first (and released again)
+    gc.collect()
+    together, _ = runner.decode([5, 6], caches)
+    for i, p in enumerate([prompts[0], prompts[2]]):
+        alone = runner.new_cache(len(p) + 8)
+        runner.prefill(p, alone)
+        logits, _ = runner.decode([5 + i], [alone])
+        assert torch.equal(logits[0], together[i]), i
+        del alone
+    caches[0].release()
+    caches[1].release()
+    caches = None
+    gc.collect()
+    assert pool.num_live == 0 and pool.k is None  # idle pool gives its memory back

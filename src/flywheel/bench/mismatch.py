@@ -7,13 +7,22 @@ random prompts, sampled at temperature 1, seeded) in its default mode and in bat
 Trainer then takes one step on those trajectories (default: HF forward; batch_invariant: the native
 forward; router_replay: HF forward with the sampler's experts). The step's own metrics give the mismatch
 (k3, max |Δ log p|, the trainer's own top-k agreement with the sampler) and its tokens/s; the engine's
-wall time gives its tokens/s. Costs are 1 - mode tokens/s / default tokens/s, medians over repeats,
+wall time gives its tokens/s. Costs are 1 - mode tokens/s / default tokens/s, medians over repeats (5; 1 with --quick),
 modes interleaved so that load from other processes hits them alike.
 
-Router replay is measured twice: with an fp32 sampler (same math as the trainer up to reduction order:
-routing almost never flips) and with a bfloat16 sampler (how production inference runs; routing flips).
-`replay_k3_reduction_moe` and `replay_expert_agreement` (experts the trainer forward actually used ==
-the sampler's) come from the bfloat16 sampler. One torch thread (tiny models on a shared machine).
+Router replay is measured with an fp32 sampler (same math as the trainer up to reduction order:
+routing almost never flips) and with a bfloat16 sampler (how production inference runs; routing flips),
+on the random-init tiny-moe and on a tiny-moe TRAINED here (`_train_moe`: next-token steps on a seeded
+synthetic corpus, so routers have learned, uneven gates and near-ties like a real MoE). The headline
+`replay_k3_reduction_moe` = k3(bf16 sampler, fp32 trainer, routing freely) / k3(same samples, trainer
+replays the sampler's experts), on the trained model with prompts from its training distribution;
+`routing_flip_frac_moe` is the fraction of generated (token, layer) pairs whose experts in the trainer's
+free forward differ from the sampler's. `replay_expert_agreement` (experts the trainer forward actually
+used == the sampler's, with replay) must be 1.0. One torch thread (tiny models on a shared machine).
+
+Engine cost: modes are interleaved per repeat and each repeat is one whole workload; the cost is
+1 - median(mode tokens/s) / median(default tokens/s) from wall time, and also from process CPU time
+(`*_cpu`), which other processes' load on a shared machine disturbs much less.
 """
 
 from __future__ import annotations
@@ -44,14 +53,89 @@ def _workload(quick: bool, seed: int = 0):
     return prompts, params
 
 
-def _serve(model, prompts, params, batch_invariant: bool):
+def _serve(model, prompts, params, batch_invariant: bool, cpu: list | None = None):
     async def main():
         async with LocalEngine(model, batch_invariant=batch_invariant, max_seq_len=1024) as engine:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             gens = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
-            return gens, time.perf_counter() - t0
-    gens, wall_s = asyncio.run(main())
-    return gens, sum(len(g.token_ids) for g in gens) / wall_s
+            return gens, time.perf_counter() - t0, time.process_time() - c0
+    gens, wall_s, cpu_s = asyncio.run(main())
+    num_tokens = sum(len(g.token_ids) for g in gens)
+    if cpu is not None:
+        cpu.append(num_tokens / cpu_s)
+    return gens, num_tokens / wall_s
+
+
+def _synthetic_text(num_seqs: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """[num_seqs, seq_len] token ids over the first 512 of the vocabulary: each sequence follows one of 4
+    seeded sparse bigram chains ("topics"; 3 successors per token), so the next token depends on the token
+    and on the topic, which only the context tells."""
+    num_tokens, num_topics, fanout = 512, 4, 3
+    succ = torch.randint(0, num_tokens, (num_topics, num_tokens, fanout), generator=torch.Generator().manual_seed(1234))
+    topic = torch.randint(0, num_topics, (num_seqs,), generator=generator)
+    tok = torch.randint(0, num_tokens, (num_seqs,), generator=generator)
+    out = torch.empty(num_seqs, seq_len, dtype=torch.long)
+    for t in range(seq_len):
+        out[:, t] = tok
+        tok = succ[topic, tok, torch.randint(0, fanout, (num_seqs,), generator=generator)]
+    return out
+
+
+def _train_moe(model, num_steps: int, seed: int = 0) -> list[float]:
+    """`num_steps` AdamW next-token steps (batch 16 x 64 tokens, lr 3e-3) on `_synthetic_text`, seeded.
+    Returns the loss curve (first and last steps)."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(num_steps):
+        ids = _synthetic_text(16, 64, g)
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    return losses
+
+
+def _replay_mismatch(model, prompts, params) -> dict:
+    """bf16 sampler (a bfloat16 copy of `model` in the engine) vs the fp32 trainer, routing freely and
+    with router replay: k3, max |d log p|, used-expert agreement."""
+    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    g16, _ = _serve(m16, prompts, params, batch_invariant=False)
+    t16 = _trajectories(prompts, g16)
+    free, rep = _step(model, t16, False, False), _step(model, t16, True, False)
+    used = _used_expert_agreement(model, prompts, g16)
+    return {
+        "default": {"k3": free["mismatch/k3"], "max_abs_dlogp": free["mismatch/max_abs_diff"],
+                    "used_expert_agreement": used["default"]},
+        "router_replay": {"k3": rep["mismatch/k3"], "max_abs_dlogp": rep["mismatch/max_abs_diff"],
+                          "used_expert_agreement": used["replay"]},
+        "routing_flip_frac": 1.0 - used["default"],
+        "k3_reduction": free["mismatch/k3"] / rep["mismatch/k3"] if rep["mismatch/k3"] > 0 else None,
+        "num_generated_tokens": sum(len(g.token_ids) for g in g16),
+    }
+
+
+def _trained_moe(quick: bool) -> dict:
+    """Router replay on a tiny-moe trained on synthetic text, sampled on prompts from that text."""
+    model = build_model(ModelConfig(preset="tiny-moe", max_seq_len=1024), vocab_size=VOCAB)
+    num_steps = 60 if quick else 300
+    t0 = time.perf_counter()
+    losses = _train_moe(model, num_steps)
+    train_s = time.perf_counter() - t0
+    num, lo, hi, new = (16, 20, 60, 16) if quick else (32, 30, 120, 48)
+    g = torch.Generator().manual_seed(7)
+    rng = random.Random(7)
+    text = _synthetic_text(num, hi, g)
+    prompts = [text[i, :rng.randint(lo, hi)].tolist() for i in range(num)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=new, seed=i) for i in range(num)]
+    out = _replay_mismatch(model, prompts, params)
+    out.update({"train_steps": num_steps, "train_s": train_s, "loss_first": losses[0],
+                "loss_last": sum(losses[-10:]) / len(losses[-10:])})
+    return out
 
 
 def _trajectories(prompts, gens) -> list[Trajectory]:
@@ -97,10 +181,11 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
     moe = preset == "tiny-moe"
     prompts, params = _workload(quick)
     engine_tps = {"default": [], "batch_invariant": []}
+    engine_cpu = {"default": [], "batch_invariant": []}
     gens = {}
     for _ in range(repeats):
         for mode in engine_tps:
-            g, tps = _serve(model, prompts, params, batch_invariant=mode == "batch_invariant")
+            g, tps = _serve(model, prompts, params, mode == "batch_invariant", engine_cpu[mode])
             engine_tps[mode].append(tps)
             gens.setdefault(mode, g)
     trajs = {m: _trajectories(prompts, g) for m, g in gens.items()}
@@ -122,37 +207,30 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
         }
     for mode in engine_tps:
         modes[mode]["engine_tokens_per_s"] = statistics.median(engine_tps[mode])
+        modes[mode]["engine_tokens_per_cpu_s"] = statistics.median(engine_cpu[mode])
     if moe:
-        modes["router_replay"]["engine_tokens_per_s"] = modes["default"]["engine_tokens_per_s"]  # same engine
+        for key in ("engine_tokens_per_s", "engine_tokens_per_cpu_s"):  # same engine
+            modes["router_replay"][key] = modes["default"][key]
         used = _used_expert_agreement(model, prompts, gens["default"])
         modes["default"]["used_expert_agreement"] = used["default"]
         modes["router_replay"]["used_expert_agreement"] = used["replay"]
     base = modes["default"]
     for mode, r in modes.items():
         r["engine_cost"] = 1 - r["engine_tokens_per_s"] / base["engine_tokens_per_s"]
+        r["engine_cost_cpu"] = 1 - r["engine_tokens_per_cpu_s"] / base["engine_tokens_per_cpu_s"]
         r["trainer_cost"] = 1 - r["trainer_tokens_per_s"] / base["trainer_tokens_per_s"]
-    result = {"modes": modes, "engine_tokens_per_s_runs": engine_tps,
+    result = {"modes": modes, "engine_tokens_per_s_runs": engine_tps, "engine_tokens_per_cpu_s_runs": engine_cpu,
               "trainer_tokens_per_s_runs": {m: [x["tokens_per_s"] for x in ms] for m, ms in steps.items()},
               "num_sessions": len(prompts), "num_generated_tokens": sum(len(g.token_ids) for g in gens["default"])}
     if moe:  # a bfloat16 sampler (as inference engines run) against the fp32 trainer: routing flips
-        m16 = copy.deepcopy(model).to(torch.bfloat16)
-        g16, _ = _serve(m16, prompts, params, batch_invariant=False)
-        t16 = _trajectories(prompts, g16)
-        free, rep = _step(model, t16, False, False), _step(model, t16, True, False)
-        used = _used_expert_agreement(model, prompts, g16)
-        result["bf16_sampler"] = {
-            "default": {"k3": free["mismatch/k3"], "max_abs_dlogp": free["mismatch/max_abs_diff"],
-                        "used_expert_agreement": used["default"]},
-            "router_replay": {"k3": rep["mismatch/k3"], "max_abs_dlogp": rep["mismatch/max_abs_diff"],
-                              "used_expert_agreement": used["replay"]},
-            "k3_reduction": free["mismatch/k3"] / rep["mismatch/k3"] if rep["mismatch/k3"] > 0 else None,
-        }
+        result["bf16_sampler"] = _replay_mismatch(model, prompts, params)  # random-init model
+        result["bf16_sampler_trained"] = _trained_moe(quick)
     return result
 
 
 def run(args) -> dict:
     quick = bool(getattr(args, "quick", False))
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else 5
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -161,6 +239,7 @@ def run(args) -> dict:
         torch.set_num_threads(threads)
     dense, moe = presets["tiny"]["modes"], presets["tiny-moe"]["modes"]
     k3_fp32 = moe["router_replay"]["k3"]
+    trained, rand = presets["tiny-moe"]["bf16_sampler_trained"], presets["tiny-moe"]["bf16_sampler"]
     summary = {
         "bi_max_abs_dlogp_dense": dense["batch_invariant"]["max_abs_dlogp"],
         "bi_max_abs_dlogp_moe": moe["batch_invariant"]["max_abs_dlogp"],
@@ -173,9 +252,18 @@ def run(args) -> dict:
         "default_max_abs_dlogp_dense": dense["default"]["max_abs_dlogp"],
         "default_max_abs_dlogp_moe": moe["default"]["max_abs_dlogp"],
         "default_k3_moe": moe["default"]["k3"],
-        "replay_expert_agreement": presets["tiny-moe"]["bf16_sampler"]["router_replay"]["used_expert_agreement"],
-        "default_expert_agreement_bf16_sampler": presets["tiny-moe"]["bf16_sampler"]["default"]["used_expert_agreement"],
-        "replay_k3_reduction_moe": presets["tiny-moe"]["bf16_sampler"]["k3_reduction"],
+        "bi_engine_cost_cpu": max(dense["batch_invariant"]["engine_cost_cpu"],
+                                  moe["batch_invariant"]["engine_cost_cpu"]),
+        "bi_engine_cost_cpu_dense": dense["batch_invariant"]["engine_cost_cpu"],
+        "bi_engine_cost_cpu_moe": moe["batch_invariant"]["engine_cost_cpu"],
+        "replay_expert_agreement": min(trained["router_replay"]["used_expert_agreement"],
+                                       rand["router_replay"]["used_expert_agreement"]),
+        "replay_k3_reduction_moe": trained["k3_reduction"],
+        "k3_moe_bf16_free": trained["default"]["k3"],
+        "k3_moe_bf16_replay": trained["router_replay"]["k3"],
+        "routing_flip_frac_moe": trained["routing_flip_frac"],
+        "replay_k3_reduction_moe_random_init": rand["k3_reduction"],
+        "routing_flip_frac_moe_random_init": rand["routing_flip_frac"],
         "replay_k3_reduction_moe_fp32_sampler": moe["default"]["k3"] / k3_fp32 if k3_fp32 > 0 else None,
         "replay_trainer_cost_moe": moe["router_replay"]["trainer_cost"],
         "torch_threads": 1,

@@ -21,7 +21,8 @@ from M >= 8 on the CPUs we measured), so every linear pads its rows up to a mult
 `batch_invariant=True` (numerics.batch_invariant) goes further: attention is computed the same way in
 prefill and decode and in the trainer (`flywheel.numerics.attention`: fixed key spans, 8-row query blocks),
 so a token's log-prob is bit-identical whether it came from a prefill, a decode step in any batch, or the
-trainer's forward (`flywheel.numerics.batch_invariant`). Caches are then zero-filled and tile-rounded.
+trainer's forward (`flywheel.numerics.batch_invariant`). Caches are then slots of one zero-filled pool
+(`flywheel.numerics.kv_pool`) and a decode step attends over the pool in place, all rows in one batch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.numerics import attention as bi_attention
+from flywheel.numerics.kv_pool import KVPool
 
 ROW_TILE = 8  # linears run on a multiple of this many rows: one kernel family, one reduction order
 
@@ -128,13 +130,13 @@ class Qwen3Runner:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
         self.sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
+        # batch-invariant decode attends over whole key tiles of a shared pool, in place
+        self.kv_pool = (KVPool(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device,
+                               max_capacity=max_seq_len) if self.batch_invariant else None)
 
     def new_cache(self, capacity: int) -> KVCache:
-        if self.batch_invariant:  # decode reads whole key tiles: zeros (finite) after the filled length
-            shape = (self.num_layers, self.num_kv_heads, bi_attention.round_up(capacity, bi_attention.ATTN_TILE),
-                     self.head_dim)
-            return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+        if self.kv_pool is not None:  # a zeroed pool slot (tile-rounded capacity), freed with the cache
+            return self.kv_pool.allocate(capacity)
         shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
         return KVCache(torch.empty(shape, dtype=self.dtype, device=self.device),
                        torch.empty(shape, dtype=self.dtype, device=self.device))
@@ -190,7 +192,7 @@ class Qwen3Runner:
             cache.k[li, :, :n] = k.transpose(0, 1)
             cache.v[li, :, :n] = v.transpose(0, 1)
             if self.batch_invariant:
-                o = bi_attention.sequence_attention(q[None], k[None], v[None], self.scaling)[0]  # [T, H*hd]
+                o = bi_attention.prefill_attention(q, cache.k[li], cache.v[li], self.scaling)  # [T, H*hd]
             else:
                 o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache.k[li, :, :n][None],
                                                    cache.v[li, :, :n][None], is_causal=True,
@@ -217,23 +219,21 @@ class Qwen3Runner:
         cos, sin = self.cos[pos_t], self.sin[pos_t]
         routed = []
         sdpa = F.scaled_dot_product_attention
+        bi_step = self.kv_pool.decode_step(caches) if self.kv_pool is not None else None
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = rms_norm(x, layer.input_layernorm.weight, self.eps)
             q, k, v = self._qkv(attn, h, cos, sin)
-            outs = []
-            for i, c in enumerate(caches):
-                p = pos[i]
-                c.k[li, :, p] = k[i]
-                c.v[li, :, p] = v[i]
-                if self.batch_invariant:
-                    continue
-                outs.append(sdpa(q[i][None, :, None], c.k[li, :, : p + 1][None], c.v[li, :, : p + 1][None],
-                                 scale=self.scaling, enable_gqa=True))  # [1, H, 1, hd]
-            if self.batch_invariant:
-                o = bi_attention.decode_attention(q, [c.k[li] for c in caches], [c.v[li] for c in caches], pos,
-                                                  self.scaling)  # [B, H*hd]
+            if bi_step is not None:
+                o = bi_step.attend(li, q, k, v, self.scaling)  # [B, H*hd], over the pool in place
             else:
+                outs = []
+                for i, c in enumerate(caches):
+                    p = pos[i]
+                    c.k[li, :, p] = k[i]
+                    c.v[li, :, p] = v[i]
+                    outs.append(sdpa(q[i][None, :, None], c.k[li, :, : p + 1][None], c.v[li, :, : p + 1][None],
+                                     scale=self.scaling, enable_gqa=True))  # [1, H, 1, hd]
                 o = torch.cat(outs).reshape(b, -1)
             x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
             h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))

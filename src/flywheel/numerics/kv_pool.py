@@ -1,0 +1,160 @@
+"""The batch-invariant engine's KV caches: slots of one pooled tensor, so a decode step attends in place.
+
+    pool = KVPool(num_layers, num_kv_heads, head_dim, torch.float32, "cpu")
+    cache = pool.allocate(capacity=600)            # a slot; cache.k / cache.v [num_layers, KV, capacity, hd] views
+    step = pool.decode_step([cache_a, cache_b])    # once per decode step: rows, positions, key span
+    o = step.attend(layer, q, k_new, v_new, scale) # writes the new keys/values, attends over the pool in place
+
+Why a pool: batch-invariant attention reduces every query over whole 64-key tiles (numerics/attention.py).
+With one tensor per sequence, a batched decode step had to copy each sequence's cache span into one stacked
+tensor, per layer and per step (and ran one batch per distinct key span). Here all sequences live in
+k, v [num_layers, num_slots, KV, capacity, hd]; a decode step attends over the view
+`k[layer, lo:hi, :, :S]` (the slots of its rows, S = the longest key span among them) with one matmul
+pair per layer and no copy of any cache. That every row may be reduced over S >= its own span is what
+`attention.chunked_pv` guarantees (extra keys add exact zeros), so the result stays bit-identical to the
+trainer's forward and to a decode alone.
+
+Slots are handed out lowest-first (the rows of a step stay close together; slots in lo..hi that are not
+rows of the step compute a throw-away row). The pool grows (more slots, longer capacity: a new zeroed
+tensor, live contents copied, caches see it at once because `cache.k` is a view taken on each access) and
+is dropped when its last cache is released. A slot is zeroed when handed out, so keys past a row's
+length are finite (they get probability 0). A cache's slot returns to the pool when the cache object is
+garbage collected (the engine drops it when its request retires) or on `release()`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import weakref
+
+import torch
+
+from flywheel.numerics.attention import ATTN_TILE, decode_attention, key_span, round_up
+
+MIN_SLOTS = 8  # first pool size; doubles when full
+
+
+class PooledKVCache:
+    """One sequence's keys and values in a KVPool slot: k, v [num_layers, num_kv_heads, capacity, head_dim]
+    (views into the pool), `length` positions filled. Same attributes as inference.qwen3.KVCache."""
+
+    def __init__(self, pool: KVPool, slot: int, capacity: int):
+        self.pool, self.slot, self.capacity, self.length = pool, slot, capacity, 0
+        self._finalizer = weakref.finalize(self, pool._release, slot)
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.pool.k[:, self.slot, :, :self.capacity]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.pool.v[:, self.slot, :, :self.capacity]
+
+    def release(self) -> None:
+        """Give the slot back now (idempotent); the cache must not be used afterwards."""
+        self._finalizer()
+
+
+class KVPool:
+    """Growable pooled KV storage for the batch-invariant engine (see the module docstring)."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device,
+                 max_capacity: int | None = None):
+        self.shape_tail = (num_kv_heads, head_dim)
+        self.num_layers, self.dtype, self.device = num_layers, dtype, torch.device(device)
+        self.max_capacity = None if max_capacity is None else round_up(max_capacity, ATTN_TILE)
+        self.k: torch.Tensor | None = None  # [num_layers, num_slots, KV, capacity, hd]
+        self.v: torch.Tensor | None = None
+        self._free: list[int] = []  # heap of free slot indices below num_slots
+        self._num_live = 0
+        self._lock = threading.Lock()  # slots may be released from another thread (garbage collection)
+
+    @property
+    def num_slots(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k is None else self.k.shape[3]
+
+    @property
+    def num_live(self) -> int:
+        return self._num_live
+
+    def allocate(self, capacity: int) -> PooledKVCache:
+        """A zeroed slot holding `capacity` positions (rounded up to whole key tiles)."""
+        if capacity < 1:
+            raise ValueError(f"a KV cache needs a capacity of at least 1 position, got {capacity}")
+        cap = round_up(capacity, ATTN_TILE)
+        with self._lock:
+            if cap > self.capacity or not self._free:
+                self._grow(cap)
+            slot = heapq.heappop(self._free)
+            self._num_live += 1
+            self.k[:, slot].zero_()
+            self.v[:, slot].zero_()
+        return PooledKVCache(self, slot, cap)
+
+    def _grow(self, cap: int) -> None:
+        old_slots, old_cap = self.num_slots, self.capacity
+        # capacity grows at least 2x (bounded by max_capacity) so that a run of longer requests re-copies rarely
+        new_cap = old_cap if cap <= old_cap else max(cap, min(2 * old_cap, self.max_capacity or 2 * old_cap))
+        new_slots = old_slots if self._free else max(MIN_SLOTS, 2 * old_slots)
+        shape = (self.num_layers, new_slots, *self.shape_tail[:1], new_cap, self.shape_tail[1])
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.k is not None:
+            k[:, :old_slots, :, :old_cap] = self.k
+            v[:, :old_slots, :, :old_cap] = self.v
+        self.k, self.v = k, v
+        for s in range(old_slots, new_slots):
+            heapq.heappush(self._free, s)
+
+    def _release(self, slot: int) -> None:
+        with self._lock:
+            heapq.heappush(self._free, slot)
+            self._num_live -= 1
+            if self._num_live == 0:  # idle: give the memory back; the next allocation starts small again
+                self.k = self.v = None
+                self._free = []
+
+    def decode_step(self, caches: list[PooledKVCache]) -> DecodeStep:
+        """The layout of one decode step over `caches` (each fed at position cache.length)."""
+        return DecodeStep(self, caches)
+
+
+class DecodeStep:
+    """Rows of one decode step on a pool: slot range lo..hi, positions, the longest key span S."""
+
+    def __init__(self, pool: KVPool, caches: list[PooledKVCache]):
+        assert all(c.pool is pool for c in caches), "every cache of a decode step comes from this runner's pool"
+        self.pool = pool
+        slots = [c.slot for c in caches]
+        positions = [c.length for c in caches]
+        self.lo, self.hi = min(slots), max(slots) + 1
+        self.span = max(key_span(p) for p in positions)
+        assert self.span <= pool.capacity
+        device = pool.device
+        self.slots_t = torch.tensor(slots, device=device)
+        self.positions_t = torch.tensor(positions, device=device)
+        # rows == the slots lo..hi in order: attend on the rows directly; else scatter into the slot range
+        # (other slots of the range get position 0 and a zero query; their output is thrown away)
+        self.rows = None if slots == list(range(self.lo, self.hi)) else self.slots_t - self.lo
+        if self.rows is None:
+            self.range_positions = self.positions_t
+        else:
+            self.range_positions = torch.zeros(self.hi - self.lo, dtype=torch.long, device=device)
+            self.range_positions[self.rows] = self.positions_t
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Store k, v [B, KV, hd] at each row's position in `layer`, then attend q [B, H, hd] over the pool
+        in place. Returns [B, H * hd]."""
+        pk, pv = self.pool.k[layer], self.pool.v[layer]  # [num_slots, KV, capacity, hd]
+        pk[self.slots_t, :, self.positions_t] = k
+        pv[self.slots_t, :, self.positions_t] = v
+        lo, hi, span = self.lo, self.hi, self.span
+        if self.rows is not None:
+            q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
+        o = decode_attention(q, pk[lo:hi, :, :span], pv[lo:hi, :, :span], self.range_positions, scale)
+        return o if self.rows is None else o[self.rows]
