@@ -35,17 +35,26 @@ import torch.nn.functional as F
 from flywheel.numerics import attention as bi_attention
 from flywheel.numerics.kv_pool import KVPool
 
-ROW_TILE = 8  # linears run on a multiple of this many rows: one kernel family, one reduction order
+ROW_TILE = 8  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
+GPU_ROW_TILE = 128  # CUDA: every matmul is exactly [GPU_ROW_TILE, K] @ [K, N]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear with rows padded to a multiple of ROW_TILE so each row's result is batch-invariant."""
+    """F.linear whose result for each row does not depend on the other rows (batch-invariant).
+
+    CPU: rows padded to a multiple of ROW_TILE (MKL keeps one kernel family and reduction order per row).
+    CUDA: cuBLAS picks its kernel (tiles, split-K) by problem size — padding is not enough, and neither is one
+    batched matmul of fixed tiles (measured on an H200: benchmarks/results/numerics_cuda_h200.json) — so the
+    rows go through fixed-shape [GPU_ROW_TILE, K] matmuls, one launch each: exact, but slow (a fixed-tile
+    kernel is the way to make it fast; docs/numerics.md)."""
     num_rows = x.shape[0]
-    pad = (-num_rows) % ROW_TILE
+    tile = GPU_ROW_TILE if x.is_cuda else ROW_TILE
+    pad = (-num_rows) % tile
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-        return F.linear(x, weight, bias)[:num_rows]
-    return F.linear(x, weight, bias)
+    if x.is_cuda and x.shape[0] > tile:
+        return torch.cat([F.linear(chunk, weight, bias) for chunk in x.split(tile)])[:num_rows]
+    return F.linear(x, weight, bias)[:num_rows] if pad else F.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
