@@ -135,7 +135,8 @@ class WeightsConfig(Section):
     anchor_every: int = Field(10, ge=1, le=100_000, description="full anchor every N versions")
     keep_versions: int = Field(8, ge=1, description="versions kept by garbage collection (anchors they need too)")
     chunk_mb: float = Field(4.0, gt=0, le=1024, description="uncompressed bytes per chunk (MiB)")
-    zstd_level: int = Field(3, ge=-7, le=22, description="zstandard level for chunks")
+    zstd_level: int = Field(3, ge=-7, le=22, description="zstandard level of anchor and dense chunks (sparse deltas "
+                            "always entropy-code their symbol stream with match finding off)")
     num_threads: int = Field(0, ge=0, le=256, description="encode/decode threads; 0 = all cores")
     relay_bandwidth_mbps: float = Field(0.0, ge=0, description="relay egress cap in MB/s; 0 = unlimited")
     relay_streams: int = Field(8, ge=1, le=1024, description="parallel chunk fetches per subscriber")
@@ -183,10 +184,12 @@ class MidtrainConfig(Section):
 
     num_transcripts: int = Field(600, ge=0, le=10_000_000, description="scripted sessions rendered as training text")
     num_drills: int = Field(4000, ge=0, le=10_000_000, description="short statement → tool-call examples (see pipeline/transcripts.py)")
-    drill_steps: int = Field(0, ge=0, description="optimizer steps on drills alone before the transcripts (curriculum stage 1)")
+    drill_steps: int = Field(0, ge=0, description="optimizer steps on bare drills (statement → call) before the transcripts (curriculum stage 1)")
     drill_batch_tokens: int = Field(1024, ge=64, description="tokens per optimizer step in the drill stage")
     copy_drill_fraction: float = Field(0.5, ge=0, le=1, description="share of drills with a random file and edit "
                                        "(teaches copying from the statement; see pipeline/transcripts.py)")
+    drills_per_sequence: int = Field(6, ge=1, le=1000, description="stage 2: drill episodes packed into one "
+                                     "training sequence after the session's system prompt and tool list")
     imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")
     failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
     lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")

@@ -47,32 +47,50 @@ def test_make_transcripts_and_drills(chat, tasks, tmp_path):
     cfg = MidtrainConfig(num_transcripts=6, failed_fraction=0.5, imperfect_fraction=0.5, seed=1)
     examples = make_transcripts(tasks, cfg, chat, lambda: CodingEnv(ENV, tmp_path))
     assert len(examples) == 6 and all(len(i) == len(m) and 0 < sum(m) < len(m) for i, m in examples)
-    drills = make_drills(tasks, 5, chat.tokenizer, seed=0)
+    bare = ChatFormat(chat.tokenizer, [])
+    drills = make_drills(tasks, 5, bare, seed=0)
     assert len(drills) == 5
     for ids, mask in drills:
-        text = chat.tokenizer.decode(ids)
+        text = bare.tokenizer.decode(ids)
         assert "# Tools" not in text and "<tool_call>" in text and text.endswith("<|im_end|>")
-        assert sum(mask) < len(ids) < 200
+        assert sum(mask) < len(ids) < 300
     with pytest.raises(ValueError, match="known `solution`"):
-        make_drills([Task(id="x", problem="p")], 1, chat.tokenizer)
+        make_drills([Task(id="x", problem="p")], 1, bare)
+
+
+def test_drills_in_session_context_are_packed_after_one_system_prompt(chat, tasks):
+    drills = make_drills(tasks, 7, chat, seed=1, copy_fraction=0.5, system="Fix the bug.", per_sequence=3)
+    assert len(drills) == 3  # 3 + 3 + 1 episodes
+    for ids, mask in drills:
+        text = chat.tokenizer.decode(ids)
+        assert text.count("# Tools") == 1 and text.count("Fix the bug.") == 1 and text.endswith("<|im_end|>")
+        trained = chat.tokenizer.decode([t for t, m in zip(ids, mask) if m])
+        assert trained.count("<tool_call>") == text.count("<tool_call>")  # every call is trained ...
+        assert "returns the wrong value" not in trained and "# Tools" not in trained  # ... and nothing else
+    with pytest.raises(ValueError, match="per_sequence"):
+        make_drills(tasks, 1, chat, per_sequence=0)
 
 
 def test_copy_drills_quote_their_edit_and_need_no_tasks(chat):
     import json
     import re
 
-    drills = make_drills([], 40, chat.tokenizer, seed=3, copy_fraction=1.0)
+    bare = ChatFormat(chat.tokenizer, [])
+    drills = make_drills([], 40, bare, seed=3, copy_fraction=1.0)
     assert len(drills) == 40 and len({tuple(ids) for ids, _ in drills}) == 40  # random, not repeated
     edits = 0
     for ids, mask in drills:
-        text = chat.tokenizer.decode(ids)
+        text = bare.tokenizer.decode(ids)
         path, old, new = re.search(r"In `([^`]+)`, function `[^`]+` returns the wrong value: `([^`]+)` should be "
                                    r"`([^`]+)`", text).groups()
-        call = json.loads(re.search(r"<tool_call>(.*)</tool_call>", text).group(1))
-        assert call["arguments"]["path"] == path and old != new
-        if call["name"] == "str_replace":
-            edits += 1
-            assert (call["arguments"]["old"], call["arguments"]["new"]) == (old, new)
-        answer = chat.tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        calls = [json.loads(c) for c in re.findall(r"<tool_call>(.*?)</tool_call>", text)]
+        assert all(c["arguments"]["path"] == path for c in calls) and old != new
+        for c in calls:
+            if c["name"] == "str_replace":
+                edits += 1
+                assert (c["arguments"]["old"], c["arguments"]["new"]) == (old, new)
+        if [c["name"] for c in calls] == ["view", "str_replace"]:
+            assert f"\treturn {old}" in text or f"    return {old}" in text  # the viewed file holds the old text
+        answer = bare.tokenizer.decode([i for i, m in zip(ids, mask) if m])
         assert answer.startswith("<tool_call>") and path in answer
-    assert 20 <= edits < 40  # mostly edits, some views
+    assert 20 <= edits < 40  # mostly edits, some views only

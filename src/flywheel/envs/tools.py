@@ -54,6 +54,12 @@ TOOL_NAMES = [t["name"] for t in TOOLS]
 CORE_TOOLS = ("view", "str_replace", "run_tests", "submit")  # `tools = "core"`: ~40 % fewer prompt tokens
 
 
+def number_lines(lines: list[str], start: int = 1, end: int | None = None) -> str:
+    """`view`'s output: `N<TAB>line`, 1-based, lines start..end inclusive."""
+    end = len(lines) if end is None else end
+    return "\n".join(f"{n}\t{lines[n - 1]}" for n in range(start, end + 1))
+
+
 def tools_for(cfg: EnvConfig) -> list[dict[str, Any]]:
     """The tool schemas a session offers: all seven, or the core four for tiny models (`cfg.tools`)."""
     return TOOLS if cfg.tools == "all" else [t for t in TOOLS if t["name"] in CORE_TOOLS]
@@ -243,7 +249,7 @@ class Harness:
         if end < start:
             raise ToolError(f"end={end} is before start={start}")
         end = min(end, len(lines))
-        return ToolResult("\n".join(f"{n}\t{lines[n - 1]}" for n in range(start, end + 1)))
+        return ToolResult(number_lines(lines, start, end))
 
     def _tool_str_replace(self, args: dict[str, Any], entry: dict) -> ToolResult:
         full = self.resolve(args["path"])

@@ -34,7 +34,9 @@ def chat_format(tokenizer, env_cfg):
 def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
              on_progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
+    from flywheel.envs.env import system_prompt
     from flywheel.pipeline.transcripts import make_drills, make_transcripts
+    from flywheel.policy.chat import ChatFormat
     from flywheel.policy.model import build_model, save_model
     from flywheel.trainer.sft import SFTParams, sft_train
 
@@ -45,16 +47,21 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     n = cfg.midtrain.num_transcripts
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
-    drills = make_drills(tasks, cfg.midtrain.num_drills, tokenizer, cfg.midtrain.seed,
-                         copy_fraction=cfg.midtrain.copy_drill_fraction)
+    m = cfg.midtrain
+    # Stage 1 drills are bare (statement → call, ~70 tokens): the copy mechanism forms fastest there. Stage 2
+    # drills sit after the session's system prompt and tool list, packed, so copying carries over to the
+    # context the policy acts in (bare drills alone copied 3/30 edits in that context; see docs/concepts.md).
+    bare = make_drills(tasks, m.num_drills, ChatFormat(tokenizer, []), m.seed,
+                       copy_fraction=m.copy_drill_fraction) if m.drill_steps else []
+    drills = make_drills(tasks, m.num_drills, chat, m.seed + 1, copy_fraction=m.copy_drill_fraction,
+                         system=system_prompt(cfg.env), per_sequence=m.drills_per_sequence)
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
-    m = cfg.midtrain
     common = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps)
     # Stage 1, drills alone: short sequences dense in the one skill a small model learns slowest (copying a
     # name or a span from the statement into a call). Stage 2: whole sessions, drills mixed in.
-    if drills and m.drill_steps:
-        sft_train(model, drills, SFTParams(num_steps=m.drill_steps, batch_tokens=m.drill_batch_tokens, **common),
+    if bare:
+        sft_train(model, bare, SFTParams(num_steps=m.drill_steps, batch_tokens=m.drill_batch_tokens, **common),
                   progress=(lambda i, total, _: on_progress("midtrain drills", i, total)) if on_progress else None)
     if examples or drills:
         sft_train(model, examples + drills,

@@ -73,29 +73,6 @@ def run_script(env, task: Task, calls: list[ToolCall]) -> list[Message]:
     return messages
 
 
-def render_transcript(chat, messages: list[Message]) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask exactly as the agent loop would have produced them."""
-    head = 2  # system, user
-    ids = list(chat.render(messages[:head]))
-    mask = [0] * len(ids)
-    i = head
-    while i < len(messages):
-        msg = messages[i]
-        assert msg.role == "assistant", f"expected an assistant turn at {i}, got {msg.role}"
-        a = chat.assistant_tokens(msg)
-        ids += a
-        mask += [1] * len(a)
-        j = i + 1
-        while j < len(messages) and messages[j].role != "assistant":
-            j += 1
-        if j > i + 1:
-            obs = chat.render_observation(messages[i + 1:j])
-            ids += obs
-            mask += [0] * len(obs)
-        i = j
-    return ids, mask
-
-
 def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: Callable[[], object],
                      on_progress: Callable[[int], None] | None = None) -> list[tuple[list[int], list[int]]]:
     rng = random.Random(cfg.seed)
@@ -150,37 +127,103 @@ def random_edit(rng: random.Random) -> tuple[str, str]:
     return f"{a} {op} {b}", f"{a} {op} {b} + 1"
 
 
-def copy_drill(rng: random.Random) -> tuple[str, ToolCall]:
-    """A random easy-style statement and the call that answers it (view the file, or make the edit)."""
+def copy_episode(rng: random.Random) -> list[Message]:
+    """A random easy-style statement and the turns that answer it: view the file, the edit (after a view of a
+    made-up function holding the old text, or straight away)."""
     from flywheel.envs.synth import easy_statement
+    from flywheel.envs.tools import number_lines
 
     path = f"{rng.choice(_FILES)}{rng.choice(['', '_', ''])}{rng.choice(['', str(rng.randint(1, 9))])}.py"
     old, new = random_edit(rng)
     while old == new:
         old, new = random_edit(rng)
-    statement = easy_statement(path, f"{_name(rng)}_{_name(rng)}", old, new)
-    if rng.random() < 0.25:
-        return statement, ToolCall("view", {"path": path})
-    return statement, ToolCall("str_replace", {"path": path, "old": old, "new": new})
+    name = f"{_name(rng)}_{_name(rng)}"
+    user = Message(role="user", content=easy_statement(path, name, old, new))
+    view = _call("view", path=path)
+    edit = _call("str_replace", path=path, old=old, new=new)
+    u = rng.random()
+    if u < 0.2:
+        return [user, view]
+    if u < 0.5:
+        return [user, edit]
+    args = ", ".join(dict.fromkeys(_name(rng) for _ in range(rng.randint(1, 3))))
+    body = [f"def {name}({args}):", f"    return {old}"] if rng.random() < 0.5 else \
+        [f"def {name}({args}):", f"    if {_operand(rng)} > {_operand(rng)}:", f"        return {old}", "    return 0"]
+    return [user, view, Message(role="tool", name="view", content=number_lines(body)), edit]
 
 
-def make_drills(tasks: list[Task], num_drills: int, tokenizer, seed: int = 0,
-                copy_fraction: float = 0.0) -> list[tuple[list[int], list[int]]]:
-    """`num_drills` (statement → one tool call) examples: from the tasks' known fixes, and a `copy_fraction`
-    share of random copy drills; see the module docstring."""
+def task_episode(task: Task, rng: random.Random) -> list[Message] | None:
+    """The known fix of `task` as drill turns: the view, then (after the real file) the edit; or one of them."""
     from flywheel.envs.synth import oracle_actions
-    from flywheel.policy.chat import ChatFormat
+    from flywheel.envs.tools import number_lines
 
-    bare = ChatFormat(tokenizer, [])  # no tool list: the drill is only the statement and the call
-    pool = [(t.problem, c) for t in tasks if t.solution for c in oracle_actions(t) if c.arguments]
+    calls = [c for c in oracle_actions(task) if c.arguments]
+    if not calls:
+        return None
+    user = Message(role="user", content=task.problem)
+    view = next((c for c in calls if c.name == "view"), None)
+    edits = [c for c in calls if c.name != "view"]
+    path = view.arguments.get("path") if view else None
+    if view and edits and path in task.files and rng.random() < 0.6:
+        seen = Message(role="tool", name="view", content=number_lines(task.files[path].splitlines()))
+        return [user, _msg(view), seen, *(_msg(c) for c in edits)]
+    return [user, _msg(rng.choice(calls))]
+
+
+def _call(name: str, **arguments: str) -> Message:
+    return _msg(ToolCall(name, arguments))
+
+
+def _msg(call: ToolCall) -> Message:
+    return Message(role="assistant", content="", tool_calls=[call])
+
+
+def render_transcript(chat, messages: list[Message]) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask exactly as the agent loop would have produced them: every assistant turn is
+    trained (mask 1), the rest — the prompt, then the observations after each turn — is context (mask 0)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    pending: list[Message] = []
+    for m in messages:
+        if m.role != "assistant":
+            pending.append(m)
+            continue
+        context = chat.render_observation(pending) if ids else chat.render(pending)
+        answer = chat.assistant_tokens(m)
+        ids += context + answer
+        mask += [0] * len(context) + [1] * len(answer)
+        pending = []
+    if pending and ids:  # observations after the last turn
+        context = chat.render_observation(pending)
+        ids += context
+        mask += [0] * len(context)
+    return ids, mask
+
+
+def make_drills(tasks: list[Task], num_drills: int, chat, seed: int = 0, copy_fraction: float = 0.0,
+                system: str | None = None, per_sequence: int = 1) -> list[tuple[list[int], list[int]]]:
+    """`num_drills` drill episodes — from the tasks' known fixes, and a `copy_fraction` share of random copy
+    episodes — packed `per_sequence` to an example after the `system` message (when given: the session's
+    system prompt and tool list, so the model learns to copy with the context it will have); see the module
+    docstring."""
+    if per_sequence < 1:
+        raise ValueError(f"per_sequence must be >= 1, got {per_sequence}")
+    pool = [t for t in tasks if t.solution]
     if not pool and num_drills and copy_fraction < 1.0:
         raise ValueError("drills need tasks with a known `solution` whose fix takes tool arguments")
     rng = random.Random(seed)
-    rng.shuffle(pool)
-    examples = []
-    for n in range(num_drills):
-        problem, call = copy_drill(rng) if rng.random() < copy_fraction else pool[n % len(pool)]
-        prompt = bare.render([Message(role="user", content=problem)])
-        answer = bare.assistant_tokens(Message(role="assistant", content="", tool_calls=[call]))
-        examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    order = list(range(len(pool)))
+    rng.shuffle(order)
+    head = [Message(role="system", content=system)] if system is not None else []
+    examples, episode = [], 0
+    while episode < num_drills:
+        messages = list(head)
+        for _ in range(min(per_sequence, num_drills - episode)):
+            turns = copy_episode(rng) if rng.random() < copy_fraction else \
+                task_episode(pool[order[episode % len(pool)]], rng)
+            if turns is None:
+                raise ValueError("drills need tasks with a known `solution` whose fix takes tool arguments")
+            messages += turns
+            episode += 1
+        examples.append(render_transcript(chat, messages))
     return examples
