@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,15 +103,27 @@ class InferenceNode:
         """Async mode: keep `max_groups_in_flight` groups running; emit each as it completes."""
         in_flight: set[asyncio.Task] = set()
         while not stop.is_set():
-            await asyncio.to_thread(self.sync_weights)
+            try:
+                await asyncio.to_thread(self.sync_weights)
+            except Exception:  # the subscriber keeps its last good weights; production goes on
+                self._report("weight sync failed")
             while len(in_flight) < self.spec.max_groups_in_flight:
                 in_flight.add(asyncio.ensure_future(self._group()))
             done, in_flight = await asyncio.wait(in_flight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
-                emit(fut.result())
+                try:
+                    group = fut.result()
+                except Exception:  # a bug in one group must not stop the node: count it, say why, go on
+                    self.worker.counters["group_errors"] += 1
+                    self._report("a rollout group failed")
+                    continue
+                emit(group)
         for fut in in_flight:
             fut.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def _report(self, what: str) -> None:
+        print(f"flywheel node {self.spec.node_id}: {what}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
 
     async def generate(self, num_groups: int, min_version: int, timeout_s: float = 600.0) -> list[list[Trajectory]]:
         """Sync mode: wait until the engine serves `min_version`, then run `num_groups` groups on it."""
