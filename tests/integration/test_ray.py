@@ -125,15 +125,21 @@ def test_engine_added_mid_run_serves_current_version_via_its_region_relay(cluste
     # 6 steps: a new actor needs ~20-30 s to import torch and load the model on a busy 2-core machine
     cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--orchestrator.regions", '["us"]',
                             "--trainer.num_steps", "6"])
-    added_at = []
+    added_at, joined = [], []
 
     def on_step(record):
         if record["step"] == 1:
             PoolControl.send(run_dir, "add", region="eu")  # what `flywheel pool add RUN_DIR --region eu` writes
             added_at.append(record["step"])
+        elif not joined:  # hold the loop until the new actor has joined (its start is slow on a busy machine)
+            try:
+                actor = ray.get_actor(f"flywheel-engine-{run_dir.name}-1")
+            except ValueError:  # the pool has not read the command yet
+                return
+            joined.append(ray.get(actor.ready.remote(), timeout=300))
 
     out = _run(cfg, run_dir, base, on_step)
-    assert out["steps"] == 6 and added_at == [1]
+    assert out["steps"] == 6 and added_at == [1] and joined
     last = _records(run_dir)[-1]
     assert last["rollout/engines_added"] == 1.0 and last["pool/num_engines"] == 2.0
     status = json.loads((run_dir / "pool" / "status.json").read_text())

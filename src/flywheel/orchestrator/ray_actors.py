@@ -39,15 +39,21 @@ class EngineActor:
         self.node = InferenceNode(spec, grader=grader)
         self.poll_interval_s = poll_interval_s
         self._sync_task: asyncio.Task | None = None
+        self._started: asyncio.Future | None = None
         self._num_running = 0
 
     async def ready(self) -> int:
-        """Start the engine, pull the newest anchor and deltas from the store; returns the version served."""
-        if self._sync_task is None:
-            await self.node.start()
-            await asyncio.to_thread(self.node.sync_weights)
-            self._sync_task = asyncio.ensure_future(self._sync_loop())
+        """Start the engine, pull the newest anchor and deltas from the store; returns the version served.
+        Idempotent: concurrent and later calls wait for the one start."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
         return self.node.version
+
+    async def _start(self) -> None:
+        await self.node.start()
+        await asyncio.to_thread(self.node.sync_weights)
+        self._sync_task = asyncio.ensure_future(self._sync_loop())
 
     async def _sync_loop(self) -> None:
         while True:
