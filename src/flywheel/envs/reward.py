@@ -6,8 +6,9 @@
 How grading stays tamper-proof:
 * It never runs in the agent's sandbox. The agent's final workspace is copied; every test file the task
   started with (`test_*.py`, `*_test.py`, `conftest.py`) is restored, test files and conftest.py files
-  the agent added are deleted, hidden files (a shipped test runner among them) written back, pytest config files (pytest.ini, tox.ini, setup.cfg, pyproject.toml) are
-  restored; then the hidden files are written and a SWE-bench `test_patch` applied. The copy becomes the
+  the agent added are deleted, pytest config files (pytest.ini, tox.ini, setup.cfg, pyproject.toml) are
+  restored; then the hidden files (a shipped test runner among them) are written and a SWE-bench
+  `test_patch` applied. The copy becomes the
   base of a brand-new sandbox where the test command runs with third-party plugin autoload off.
 * Results are per test, from pytest's JUnit XML (written at the end of the session, after every test has
   run, so code under test cannot pre-write it). A test that is skipped, errors, or is missing from the

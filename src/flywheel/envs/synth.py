@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
+import functools
 import json
 import random
 import re
@@ -561,18 +562,27 @@ RUNNERS = ("minitest", "pytest")
 RUNNER_FILE = "runtests.py"
 
 
+def _check_runner(runner: str) -> None:
+    if runner not in RUNNERS:
+        raise ValueError(f"test runner must be one of {RUNNERS}, got {runner!r}")
+
+
+@functools.cache
+def _runner_source() -> str:
+    from flywheel.envs import minitest
+
+    return Path(minitest.__file__).read_text(encoding="utf-8")
+
+
 def with_runner(task: Task, runner: str) -> Task:
     """The task graded by `runner`: "pytest" as generated, or "minitest" — `runtests.py` shipped in the
     workspace and among the hidden files (so grading writes it back over any edit)."""
-    if runner not in RUNNERS:
-        raise ValueError(f"test runner must be one of {RUNNERS}, got {runner!r}")
+    _check_runner(runner)
     if runner == "pytest":
         return task
     import dataclasses
 
-    from flywheel.envs import minitest
-
-    src = Path(minitest.__file__).read_text(encoding="utf-8")
+    src = _runner_source()
     return dataclasses.replace(task, files={**task.files, RUNNER_FILE: src},
                                hidden_files={**task.hidden_files, RUNNER_FILE: src},
                                test_command=f"python {RUNNER_FILE} -q")
@@ -581,8 +591,7 @@ def with_runner(task: Task, runner: str) -> Task:
 def generate_tasks(n: int, seed: int = 0, split: Split = "train", difficulty: str | None = None,
                    runner: str = "minitest") -> list[Task]:
     """`n` verified tasks; deterministic in (n, seed, split, difficulty). `difficulty=None` mixes all three."""
-    if runner not in RUNNERS:
-        raise ValueError(f"test runner must be one of {RUNNERS}, got {runner!r}")
+    _check_runner(runner)
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     if difficulty is not None and difficulty not in DIFFICULTIES:

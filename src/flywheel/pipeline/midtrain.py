@@ -48,9 +48,11 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
     m = cfg.midtrain
-    # Stage 1 drills are bare (statement → call, ~70 tokens): the copy mechanism forms fastest there. Stage 2
-    # drills sit after the session's system prompt and tool list, packed, so copying carries over to the
-    # context the policy acts in (bare drills alone copied 3/30 edits in that context; see docs/concepts.md).
+    # Stage 1: bare drills (statement → call, ~70 tokens), dense in the one skill a small model learns slowest
+    # (copying a name or a span from the statement into a call); the copy mechanism forms fastest there.
+    # Stage 2: whole sessions mixed with drills packed after the session's system prompt and tool list, so
+    # copying carries over to the context the policy acts in (bare drills alone copied 3/30 edits in that
+    # context; see docs/concepts.md).
     bare = make_drills(tasks, m.num_drills, ChatFormat(tokenizer, []), m.seed,
                        copy_fraction=m.copy_drill_fraction) if m.drill_steps else []
     drills = make_drills(tasks, m.num_drills, chat, m.seed + 1, copy_fraction=m.copy_drill_fraction,
@@ -58,8 +60,6 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
     common = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps)
-    # Stage 1, drills alone: short sequences dense in the one skill a small model learns slowest (copying a
-    # name or a span from the statement into a call). Stage 2: whole sessions, drills mixed in.
     if bare:
         sft_train(model, bare, SFTParams(num_steps=m.drill_steps, batch_tokens=m.drill_batch_tokens, **common),
                   progress=(lambda i, total, _: on_progress("midtrain drills", i, total)) if on_progress else None)
