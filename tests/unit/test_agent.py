@@ -12,19 +12,11 @@ import pytest
 from flywheel.config import EnvConfig, ModelConfig, RolloutConfig
 from flywheel.envs.env import CodingEnv
 from flywheel.envs.synth import generate_tasks, oracle_actions
-from flywheel.envs.tools import tools_for
-from flywheel.policy.chat import ChatFormat
-from flywheel.policy.tokenizer import default_corpus, train_tokenizer
 from flywheel.rollout.agent import SUMMARY_PREFIX, EnvironmentFailure, run_session
 from flywheel.rollout.worker import RolloutWorker
 from flywheel.types import Generation, Message
 
 ENV = EnvConfig(sandbox="local", tools="core")
-
-
-@pytest.fixture(scope="module")
-def chat():
-    return ChatFormat(train_tokenizer(default_corpus(300_000), 1024), tools_for(ENV))
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,17 @@ import pytest
 from flywheel.config import EnvConfig, MidtrainConfig
 from flywheel.envs.env import CodingEnv
 from flywheel.envs.synth import generate_tasks
-from flywheel.envs.tools import tools_for
-from flywheel.pipeline.transcripts import make_drills, make_transcripts, render_transcript, run_script, scripted_actions
+from flywheel.pipeline.transcripts import (
+    make_drills,
+    make_transcripts,
+    render_transcript,
+    run_script,
+    scripted_actions,
+)
 from flywheel.policy.chat import ChatFormat
-from flywheel.policy.tokenizer import default_corpus, train_tokenizer
 from flywheel.types import Task
 
 ENV = EnvConfig(sandbox="local", tools="core")
-
-
-@pytest.fixture(scope="module")
-def chat():
-    return ChatFormat(train_tokenizer(default_corpus(300_000), 1024), tools_for(ENV))
 
 
 @pytest.fixture(scope="module")
