@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flywheel.config import EnvConfig
+from flywheel.envs.reward import SKIP_DIRS  # what reward.grade's copy leaves out: skipped here too
 from flywheel.types import Reward, Task
-
-_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}  # what reward.grade's copy leaves out (reward._ignore_special)
 
 
 @dataclass
@@ -53,7 +52,7 @@ class Grader(Protocol):
 
 
 def _skipped(name: str) -> bool:
-    return name in _SKIP_DIRS or name.endswith(".pyc")
+    return name in SKIP_DIRS or name.endswith(".pyc")
 
 
 def _scan(root: Path) -> dict[str, tuple[str, Any]]:

@@ -53,7 +53,7 @@ from flywheel.types import Message, Reward, SamplingParams, Task
 
 FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam")
 PYTEST_CONFIGS = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
-_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}
+SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}  # never copied to grading (changes.py captures the same)
 _EXIT_RX = re.compile(r"\batexit\b|\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|\bos\s*\.\s*kill\b|(?<![\w.])(?:exit|quit)\s*\(")
 _PLUGIN_RX = re.compile(r"\bpytest_plugins\b|^\s*def\s+pytest_\w+\s*\(", re.MULTILINE)
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -66,7 +66,7 @@ PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 def _walk(root: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
         for f in filenames:
             if f.endswith(".pyc") or f.startswith(".fw-junit-"):
                 continue
@@ -88,7 +88,7 @@ def _ignore_special(dirpath: str, names: list[str]) -> set[str]:
     """copytree filter: caches, and anything that is not a directory, regular file or symlink."""
     out = set()
     for n in names:
-        if n in _SKIP_DIRS or n.endswith(".pyc"):
+        if n in SKIP_DIRS or n.endswith(".pyc"):
             out.add(n)
             continue
         try:
