@@ -364,11 +364,11 @@ def test_exec_helper_rejects_bad_arguments() -> None:
     helper = exec_helper()
     if helper is None:
         pytest.skip("no C compiler: the sandbox uses setpriv + ulimit instead")
-    r = subprocess.run([helper, "12x", "1", "1", "1", "1", "/bin/true"], capture_output=True, text=True, check=False)
+    r = subprocess.run([helper, "12x", "1", "1", "1", "1", "/bin/true", "true"], capture_output=True, text=True, check=False)
     assert r.returncode == 125 and "12x" in r.stderr
     r = subprocess.run([helper, "1"], capture_output=True, text=True, check=False)
     assert r.returncode == 125 and "usage" in r.stderr
-    r = subprocess.run([helper, "1234567", "5", "100000000", "9", "1000", "/bin/bash", "-c", "id -u; ulimit -Hu"],
+    r = subprocess.run([helper, "1234567", "5", "100000000", "9", "1000", "/bin/bash", "bash", "-c", "id -u; ulimit -Hu"],
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0 and r.stdout.split() == ["1234567", "9"], r
 

@@ -67,9 +67,9 @@ EXEC_PATH = "/.sandbox/exec"  # the helper's path inside the sandbox
 # then the per-sandbox uid (which drops every capability), then no_new_privs, then exec. It replaces
 # `setpriv ... bash -c 'ulimit ...; cmd'`: setpriv (dynamically linked, libcap-ng) cost ~3 ms a run; a
 # static glibc build of this ~0.6 ms of CPU (start-up probing); without libc it costs ~0.1 ms.
-_EXEC_C = r"""/* The sandbox's first process after bwrap (see rootfs.py). usage: exec UID CPU_S AS_BYTES NPROC FSIZE_BYTES PROGRAM ARGS...
+_EXEC_C = r"""/* The sandbox's first process after bwrap (see rootfs.py). usage: exec UID CPU_S AS_BYTES NPROC FSIZE_BYTES PATH ARGV0 ARGS...
    Sets the limits (soft = hard, no core files) while still root, drops to UID (which clears every capability),
-   sets no_new_privs and execs PROGRAM. Any failure: a message on stderr and exit status 125.
+   sets no_new_privs and execs PATH with the arguments ARGV0 ARGS... (argv[0] as a shell would set it). Any failure: a message on stderr and exit status 125.
    No libc where the architecture allows (x86_64, aarch64): glibc's start-up (CPU feature probing by cpuid,
    which traps in a VM) cost more than everything this program does. */
 #if (defined(__x86_64__) || defined(__aarch64__)) && !defined(FLYWHEEL_LIBC)
@@ -108,7 +108,7 @@ static u64 num(const char *arg) {
 static void lim(int res, u64 v) { u64 r[2] = {v, v}; if (sc(SYS_setrlimit, res, (long)r, 0)) die("setrlimit failed", 0); }
 void cstart(long *sp) {
   long argc = sp[0]; char **argv = (char **)(sp + 1); char **envp = argv + argc + 1;
-  if (argc < 7) die("usage: exec UID CPU_S AS_BYTES NPROC FSIZE_BYTES PROGRAM ARGS...", 0);
+  if (argc < 8) die("usage: exec UID CPU_S AS_BYTES NPROC FSIZE_BYTES PATH ARGV0 ARGS...", 0);
   u64 u = num(argv[1]);
   if (u > 0xfffffffeUL) die("uid out of range", argv[1]);
   lim(0 /* CPU */, num(argv[2])); lim(9 /* AS */, num(argv[3])); lim(6 /* NPROC */, num(argv[4]));
@@ -121,7 +121,7 @@ void cstart(long *sp) {
     if (sc(SYS_getresuid, (long)&r, (long)&e, (long)&s) || r != u || e != u || s != u) die("uid check failed", 0);
   }
   if (sc(SYS_prctl, 38 /* PR_SET_NO_NEW_PRIVS */, 1, 0)) die("no_new_privs failed", 0);
-  sc(SYS_execve, (long)argv[6], (long)(argv + 6), (long)envp);
+  sc(SYS_execve, (long)argv[6], (long)(argv + 7), (long)envp);
   die("cannot execute", argv[6]);
 }
 #else
@@ -141,7 +141,7 @@ static unsigned long long num(const char *s) { char *e; errno = 0; unsigned long
 }
 static void lim(int res, unsigned long long v) { struct rlimit r = {v, v}; if (setrlimit(res, &r)) die("setrlimit failed", 0); }
 int main(int argc, char **argv) {
-  if (argc < 7) die("usage: exec UID CPU_S AS_BYTES NPROC FSIZE_BYTES PROGRAM ARGS...", 0);
+  if (argc < 8) die("usage: exec UID CPU_S AS_BYTES NPROC FSIZE_BYTES PATH ARGV0 ARGS...", 0);
   unsigned long long u = num(argv[1]);
   if (u > 0xfffffffeULL) die("uid out of range", argv[1]);
   lim(RLIMIT_CPU, num(argv[2])); lim(RLIMIT_AS, num(argv[3])); lim(RLIMIT_NPROC, num(argv[4]));
@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
     uid_t r, e, s; if (getresuid(&r, &e, &s) || r != u || e != u || s != u) die("uid check failed", 0);
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) die("no_new_privs failed", 0);
-  execv(argv[6], argv + 6);
+  execv(argv[6], argv + 7);
   die("cannot execute", argv[6]);
   return 125;
 }

@@ -21,7 +21,8 @@ and cgroup namespaces and ``--die-with-parent``; the command runs as a per-sandb
 capabilities and no_new_privs.
 The system view is one ``--dev-bind`` of a read-only root prepared once per process (`rootfs.py`):
 bwrap parses the host's whole mount table for every bind it makes, so fewer binds is what made it fast.
-  Covers: no network (a fresh netns holding only its own loopback); read-only system (/usr, /etc and the
+  Covers: no network (a network namespace holding only its own loopback: as root one lent for the
+  sandbox's life by `netns.py`, else a fresh one per command); read-only system (/usr, /etc and the
   Python installation bound read-only, nothing else of the host visible: not /root, not /work, not
   other sandboxes, not the task base); the workspace (at ``/workspace``) and a private tmpfs /tmp are
   the only writable paths; every process the command started dies with it (pid-namespace teardown),
@@ -59,6 +60,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -75,6 +77,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from flywheel.envs import netns
+from flywheel.envs.direct_exec import direct_argv
 from flywheel.envs.rootfs import EXEC_PATH, bwrap_system_args, reap_stale
 from flywheel.envs.workspace import (
     Workspace, close_in_background, default_tmp_root, flush_closed, materialize_base, workspace_mode,
@@ -194,6 +198,11 @@ def _python_roots() -> tuple[tuple[str, ...], str]:
             continue
         roots.append(p)
     return tuple(roots), os.path.join(sys.prefix, "bin")
+
+
+def _default_path() -> str:
+    """The sandboxed command's PATH: the interpreter's bin/ first (its pytest), then the system's."""
+    return f"{_python_roots()[1]}:/usr/local/bin:/usr/bin:/bin"
 
 
 class _UidPool:
@@ -335,8 +344,7 @@ class _BaseSandbox(abc.ABC):
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs"]
 
     def _env(self, env: dict[str, str] | None, home: str, tmp: str) -> dict[str, str]:
-        _, venv_bin = _python_roots()
-        out = {"PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": tmp,
+        out = {"PATH": _default_path(), "HOME": home, "TMPDIR": tmp,
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
         if env is not None:
             if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
@@ -348,8 +356,8 @@ class _BaseSandbox(abc.ABC):
     _wants_info_fd = False  # bwrap reports its namespace's pid 1 on this fd
 
     @abc.abstractmethod
-    def _argv(self, script: str, info_fd: int) -> list[str]:
-        """The command line that runs `bash -c script` inside this kind of sandbox."""
+    def _argv(self, script: str, info_fd: int, path: str) -> list[str]:
+        """The command line that runs `bash -c script` inside this kind of sandbox (`path`: its PATH)."""
 
     @abc.abstractmethod
     def _run_env(self, env: dict[str, str] | None) -> dict[str, str]:
@@ -357,6 +365,15 @@ class _BaseSandbox(abc.ABC):
 
     def _cwd(self) -> str:
         return str(self.workspace)
+
+    def _spawning(self) -> contextlib.AbstractContextManager:
+        """Around starting a command: where it is born (bwrap: the sandbox's network namespace)."""
+        return contextlib.nullcontext()
+
+    def _released(self) -> None:
+        """After close, once the workspace is gone: give back what the sandbox held."""
+        if self.uid is not None:
+            _UIDS.release(self.uid)
 
     def _kill_leftovers(self) -> None:
         """At close: kill what may outlive a command's process group (kinds without a pid namespace)."""
@@ -394,10 +411,11 @@ class _BaseSandbox(abc.ABC):
         timed_out = False
         try:
             try:
-                proc = subprocess.Popen(self._argv(self._script(command), info_w), cwd=self._cwd(),
-                                        env=run_env, stdin=in_fd, stdout=fds[0], stderr=fds[1],
-                                        start_new_session=True, close_fds=True,
-                                        pass_fds=(info_w,) if info_w >= 0 else ())
+                with self._spawning():
+                    proc = subprocess.Popen(self._argv(self._script(command), info_w, run_env["PATH"]), cwd=self._cwd(),
+                                            env=run_env, stdin=in_fd, stdout=fds[0], stderr=fds[1],
+                                            start_new_session=True, close_fds=True,
+                                            pass_fds=(info_w,) if info_w >= 0 else ())
             finally:
                 if info_w >= 0:
                     os.close(info_w)
@@ -431,8 +449,7 @@ class _BaseSandbox(abc.ABC):
                 _killpg(pgid)
             self._kill_leftovers()
         finally:
-            uid = self.uid
-            close_in_background(self._ws, None if uid is None else (lambda: _UIDS.release(uid)))
+            close_in_background(self._ws, self._released)
 
     @property
     def workspace_mode(self) -> str:
@@ -501,27 +518,45 @@ class BwrapSandbox(_BaseSandbox):
 
     def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
         super().__init__(base, limits, tmp_root)
+        # As root, one network namespace lent for the sandbox's life (`netns.py`) instead of a new one per
+        # command (--unshare-net), which costs ~20 % of a bwrap start.
+        self._netns = netns.POOL.acquire() if netns.available() else None
         self._prefix = self._build_prefix(tmp_root)
 
     def _build_prefix(self, tmp_root: str | None) -> list[str]:
         system, helper = _bwrap_system_args(tmp_root or default_tmp_root(), self.limits.file_size_mb * 1024 * 1024 * 4)
+        if self._netns is not None:
+            system = tuple(a for a in system if a != "--unshare-net")
         a = [*system, "--bind", str(self.workspace), BWRAP_WORKSPACE, "--chdir", BWRAP_WORKSPACE, "--"]
         if helper and self.uid is not None:
             lim = self.limits  # limits, uid and no_new_privs set by one small helper (see rootfs.py)
             self._limits_in_script = False
             return a + [EXEC_PATH, str(self.uid), str(lim.cpu_time_s), str(lim.memory_mb * 1024 * 1024),
-                        str(lim.max_procs), str(lim.file_size_mb * 1024 * 1024), "/bin/bash", "-c"]
+                        str(lim.max_procs), str(lim.file_size_mb * 1024 * 1024), "/bin/bash", "bash", "-c"]
         return a + self._setpriv() + ["bash", "-c"]
 
     def _script(self, command: str) -> str:
         return super()._script(command) if self._limits_in_script else command
 
-    def _argv(self, script: str, info_fd: int) -> list[str]:
+    def _argv(self, script: str, info_fd: int, path: str) -> list[str]:
         i = self._prefix.index("--")
-        return [*self._prefix[:i], "--info-fd", str(info_fd), *self._prefix[i:], script]
+        argv = [*self._prefix[:i], "--info-fd", str(info_fd), *self._prefix[i:], script]
+        # A command of plain words is exec'd without bash (`direct_exec.py`), when the helper already set
+        # the limits and PATH is the default one, whose directories lie at the same paths inside.
+        direct = None if self._limits_in_script or path != _default_path() else direct_argv(script, path.split(":"))
+        return argv if direct is None else argv[:-4] + direct
 
     def _kill_leftovers(self) -> None:
         """Nothing outlives a command: its pid namespace died with it (in-flight ones were killed)."""
+
+    def _spawning(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self._netns is None else netns.entered(self._netns)
+
+    def _released(self) -> None:
+        super()._released()
+        if self._netns is not None:
+            netns.POOL.release(self._netns)
+            self._netns = None
 
     def _after_timeout(self, info_r: int) -> None:
         # Killing bwrap SIGKILLs the namespace's pid 1 (--die-with-parent); the kernel then kills every
@@ -619,7 +654,7 @@ class LocalSandbox(_BaseSandbox):
             self._prefix = ["unshare", "--net", "--mount", "--propagation", "private", "bash", "-c",
                             f"mount -a -T {fstab} || exit 126\nexec {setpriv} bash -c \"$1\"", "sandbox-setup"]
 
-    def _argv(self, script: str, info_fd: int) -> list[str]:
+    def _argv(self, script: str, info_fd: int, path: str) -> list[str]:
         return [*self._prefix, script]
 
     def _run_env(self, env: dict[str, str] | None) -> dict[str, str]:
