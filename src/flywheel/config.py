@@ -56,6 +56,10 @@ class InferenceConfig(Section):
     type: Literal["local"] = Field("local", description="engine implementation")
     max_batch_size: int = Field(64, ge=1, le=4096, description="sessions decoded together per step")
     max_prefill_tokens: int = Field(4096, ge=16, description="prompt tokens admitted per prefill step")
+    prefix_cache_mb: int = Field(512, ge=0, le=1 << 20,
+                                 description="memory for finished requests' KV caches whose prompt prefixes later "
+                                             "requests reuse (a session's next turn, a group's other sessions); "
+                                             "0 = prefill every prompt whole. Off in numerics.batch_invariant mode")
     num_threads: int = Field(0, ge=0, le=1024, description="torch threads for the engine; 0 = torch default")
 
 

@@ -31,6 +31,7 @@ import torch
 
 from flywheel.inference import qwen3
 from flywheel.inference.hf_runner import HFRunner
+from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token
 from flywheel.types import Generation, SamplingParams
 
@@ -52,6 +53,8 @@ class _Request:
     routed: list[list[list[int]]] = field(default_factory=list)
     ttft_s: float = 0.0
     finish_reason: str | None = None
+    kv_version: int = -1  # the weight version that wrote all of `cache`; -1 once versions are mixed
+    num_reused: int = 0  # prompt positions taken from a known prefix instead of prefilled
 
 
 def _resolve(future: asyncio.Future, value: Any) -> None:
@@ -67,7 +70,8 @@ class LocalEngine:
     """Implements flywheel.inference.base.Engine on a local torch model (CPU or one GPU)."""
 
     def __init__(self, model, *, max_batch_size: int = 64, max_seq_len: int | None = None,
-                 tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096, batch_invariant: bool = False):
+                 tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096, batch_invariant: bool = False,
+                 prefix_cache_mb: int = 0):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -84,6 +88,10 @@ class LocalEngine:
         self.runner = (qwen3.Qwen3Runner(model, self.max_seq_len, batch_invariant) if self.is_native
                        else HFRunner(model, self.max_seq_len))
         self.is_moe = bool(getattr(self.runner, "is_moe", False))
+        # Prompt prefixes already computed are reused (inference/prefix_cache.py): native runner, not in
+        # batch-invariant mode (a prefill over a reused prefix reduces in another order than the trainer).
+        self.prefix_cache = (PrefixStore(prefix_cache_mb << 20)
+                             if prefix_cache_mb > 0 and self.is_native and not self.batch_invariant else None)
         eos = getattr(model.config, "eos_token_id", None)
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self._version = int(version)
@@ -262,7 +270,16 @@ class LocalEngine:
 
     def _prefill(self, r: _Request, version: int) -> None:
         r.cache = self.runner.new_cache(len(r.prompt_ids) + r.limit)
-        logits, routed = self.runner.prefill(r.prompt_ids, r.cache)
+        if self.prefix_cache is not None:
+            live = [(self._fed(o), o.cache, o.kv_version) for o in self._running if o.cache is not None]
+            src, n = self.prefix_cache.lookup(r.prompt_ids, version, live)
+            if n:
+                r.cache.k[:, :, :n] = src.k[:, :, :n]
+                r.cache.v[:, :, :n] = src.v[:, :, :n]
+                r.cache.length = r.num_reused = n
+        logits, routed = (self.runner.prefill(r.prompt_ids, r.cache, start=r.num_reused) if r.num_reused
+                          else self.runner.prefill(r.prompt_ids, r.cache))
+        r.kv_version = version
         self._append(r, logits, None if routed is None else routed.tolist(), version)
         r.ttft_s = time.perf_counter() - r.t_submit
         self._running.append(r)
@@ -271,6 +288,8 @@ class LocalEngine:
         logits, routed = self.runner.decode([r.token_ids[-1] for r in rows], [r.cache for r in rows])
         routed_l = None if routed is None else routed.tolist()
         for i, r in enumerate(rows):
+            if r.kv_version != version:
+                r.kv_version = -1
             self._append(r, logits[i], None if routed_l is None else routed_l[i], version)
 
     def _append(self, r: _Request, logits: torch.Tensor, routed, version: int) -> None:
@@ -300,9 +319,16 @@ class LocalEngine:
             if r.finish_reason is None:
                 keep.append(r)
                 continue
-            r.cache = None  # free the KV cache now
+            if self.prefix_cache is not None and r.kv_version >= 0:  # kept for a later turn or group member
+                self.prefix_cache.add(self._fed(r), r.cache, r.kv_version)
+            r.cache = None  # free the KV cache now (or leave it to the prefix store)
             r.loop.call_soon_threadsafe(_resolve, r.future, self._generation(r))
         self._running = keep
+
+    @staticmethod
+    def _fed(r: _Request) -> list[int]:
+        """The tokens whose keys and values `r.cache` holds (the last sampled token was never fed)."""
+        return (r.prompt_ids + r.token_ids)[:r.cache.length]
 
     def _generation(self, r: _Request) -> Generation:
         return Generation(token_ids=list(r.token_ids), logprobs=list(r.logprobs), versions=list(r.versions),
@@ -317,4 +343,4 @@ def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False) -> L
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)  # explicit user request; process-wide in torch
     return LocalEngine(model, max_batch_size=cfg.max_batch_size, max_prefill_tokens=cfg.max_prefill_tokens,
-                       tokenizer=tokenizer, batch_invariant=batch_invariant)
+                       tokenizer=tokenizer, batch_invariant=batch_invariant, prefix_cache_mb=cfg.prefix_cache_mb)

@@ -186,27 +186,33 @@ class Qwen3Runner:
     # ---- public ------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], cache: KVCache):
-        """Run the prompt `ids` into an empty `cache`. Returns (logits [V] float32 of the last position,
-        routed expert ids [num_layers, k] of the last position or None)."""
-        assert cache.length == 0 and len(ids) <= cache.capacity
+    def prefill(self, ids: list[int], cache: KVCache, start: int = 0):
+        """Run the prompt `ids` into `cache`, whose first `start` positions already hold the keys and values
+        of ids[:start] (a reused prefix, see inference/prefix_cache.py; 0 = an empty cache). Returns (logits
+        [V] float32 of the last position, routed expert ids [num_layers, k] of the last position or None)."""
         n = len(ids)
-        x = F.embedding(torch.tensor(ids, device=self.device), self.model.model.embed_tokens.weight)  # [T, D]
-        cos, sin = self.cos[:n], self.sin[:n]
+        assert cache.length == start and 0 <= start < n <= cache.capacity
+        if start and self.batch_invariant:
+            raise ValueError("a prefill over a reused prefix is not batch-invariant; start from an empty cache")
+        x = F.embedding(torch.tensor(ids[start:], device=self.device), self.model.model.embed_tokens.weight)  # [T, D]
+        cos, sin = self.cos[start:n], self.sin[start:n]
+        # queries start..n-1 see keys 0..their own position (is_causal aligns the mask top-left: only for start 0)
+        mask = (torch.arange(n, device=self.device)[None, :] <= torch.arange(start, n, device=self.device)[:, None]
+                if start else None)
         routed = []
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = rms_norm(x, layer.input_layernorm.weight, self.eps)
             q, k, v = self._qkv(attn, h, cos, sin)
-            cache.k[li, :, :n] = k.transpose(0, 1)
-            cache.v[li, :, :n] = v.transpose(0, 1)
+            cache.k[li, :, start:n] = k.transpose(0, 1)
+            cache.v[li, :, start:n] = v.transpose(0, 1)
             if self.batch_invariant:
                 o = bi_attention.prefill_attention(q, cache.k[li], cache.v[li], self.scaling)  # [T, H*hd]
             else:
                 o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache.k[li, :, :n][None],
-                                                   cache.v[li, :, :n][None], is_causal=True,
+                                                   cache.v[li, :, :n][None], attn_mask=mask, is_causal=mask is None,
                                                    scale=self.scaling, enable_gqa=True)  # [1, H, T, hd]
-                o = o[0].transpose(0, 1).reshape(n, -1)
+                o = o[0].transpose(0, 1).reshape(n - start, -1)
             x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
             h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + h
