@@ -113,6 +113,9 @@ class TrainerConfig(Section):
     batch_size: int = Field(32, ge=1, description="trajectories per trainer step")
     micro_batch_tokens: int = Field(4096, ge=16, description="token budget per forward/backward")
     num_steps: int = Field(20, ge=0, description="trainer steps to run")
+    update_epochs: int = Field(1, ge=1, le=64, description="optimizer steps per batch (PPO epochs): each pass over "
+                               "the same trajectories, the clip bounding the move from the batch's old log-probs; "
+                               "one published weight version per batch")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training compute dtype")
     advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="group-relative advantage estimator")
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO clip below 1")

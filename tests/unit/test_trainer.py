@@ -78,6 +78,19 @@ def test_step_on_policy_ratio_one_and_weights_move():
     assert pub.keys() == after.keys() and all(torch.equal(pub[k], after[k]) for k in pub)
 
 
+def test_update_epochs_take_several_optimizer_steps_on_one_batch():
+    one, two = tiny(), tiny()
+    b = batch(one)
+    m1 = Trainer(one, TrainerConfig(lr=1e-2, correction="tis")).step(b)
+    t2 = Trainer(two, TrainerConfig(lr=1e-2, correction="tis", update_epochs=2))
+    m2 = t2.step(b)
+    assert t2.version == 1 and m2["update_epochs"] == 2.0  # one published version per batch
+    assert m1["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert abs(m2["ratio_mean"] - 1.0) > 1e-4  # the second epoch scores against the batch's old log-probs
+    w1, w2 = weights(one), weights(two)
+    assert any(not torch.equal(w1[k], w2[k]) for k in w1)  # the second step moved the weights further
+
+
 def test_rl_raises_the_probability_of_rewarded_completions():
     model = tiny()
     prompt, good, bad = [5, 6, 7, 8], [20, 21, 22], [40, 41, 42]

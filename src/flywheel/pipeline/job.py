@@ -76,12 +76,22 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
     def save_summary() -> None:
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
 
+    timings = summary.setdefault("timings_s", {})  # wall seconds per stage (a resumed stage adds up)
+    mark = [time.monotonic()]
+
+    def lap(stage: str) -> None:
+        now = time.monotonic()
+        timings[stage] = round(timings.get(stage, 0.0) + now - mark[0], 1)
+        mark[0] = now
+
     with Progress(show_progress) as progress:
         train_tasks, heldout = prepare_tasks(cfg, run_dir)
         tokenizer = prepare_tokenizer(cfg, run_dir, train_tasks)
         progress.log(f"tasks: {len(train_tasks)} train, {len(heldout)} held-out; vocab {len(tokenizer)}")
+        lap("tasks_and_tokenizer")
         base = Path(cfg.model.path) if cfg.model.path else midtrain(
             cfg, run_dir, tokenizer, train_tasks, on_progress=lambda s, i, n: progress.update(s, i, n))
+        lap("midtrain")
         cache = run_dir / "cache" / "eval"
 
         def evaluate(name: str, model_dir: Path) -> float:
@@ -98,6 +108,7 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
 
         if "pass1_before" not in summary:
             summary["pass1_before"] = evaluate("before", base)
+            lap("eval_before")
             save_summary()
 
         def on_step(rec: dict) -> None:
@@ -109,11 +120,13 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
         rl = run_rl(cfg, run_dir, base, run_dir / "tokenizer" if not cfg.tokenizer.path else Path(cfg.tokenizer.path),
                     train_tasks, resume=resume, on_step=on_step)
         summary["rl"] = rl
+        lap("rl")
         save_summary()
         if rl["interrupted"]:
             progress.log(f"stopped at step {rl['steps']}; continue with --resume")
             return summary
         summary["pass1_after"] = evaluate("after", run_dir / "final_model")
+        lap("eval_after")
         summary["pass1_gain"] = summary["pass1_after"] - summary["pass1_before"]
         summary["wall_s"] = summary.get("wall_s", 0.0) + time.monotonic() - t0
         save_summary()

@@ -202,10 +202,39 @@ class Trainer:
             out[b, :len(r)] = torch.as_tensor(r, dtype=torch.float32)
         return out
 
+    def _update(self, groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv) -> tuple[dict[str, float], float]:
+        """One optimizer step: forward/backward per micro-batch (gradients accumulate), clip, step."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0}
+        for g, mb in zip(groups, micro):
+            lp, _ = self._logprobs(self.model, mb, replay=True)
+            tt = lp.shape[1]
+            dev = lambda x: x[g, :tt].to(self.device)  # noqa: E731
+            loss, m = policy_loss(
+                lp, dev(old), dev(sampler), row_adv[g].to(self.device), dev(mask),
+                clip_eps_low=self.cfg.clip_eps_low, clip_eps_high=self.cfg.clip_eps_high,
+                ref_logprobs=dev(ref) if ref is not None else None, kl_coef=self.cfg.kl_coef,
+                is_weights=dev(is_w), row_weights=row_w[g].to(self.device))
+            loss.backward()
+            n = m["num_tokens"]
+            sums["loss"] += m["loss"]
+            sums["pg_loss"] += m["pg_loss"]
+            sums["kl"] += m["kl"] * n
+            sums["clip"] += m["clip_frac"] * n
+            sums["ratio"] += m["ratio_mean"] * n
+        self.model.eval()
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return sums, grad_norm
+
     # ------------------------------------------------------------------ the step
 
     def step(self, batch: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step over `batch`; returns float metrics (see docs/training.md)."""
+        """`trainer.update_epochs` optimizer steps over `batch` (one new version); returns float metrics
+        (see docs/training.md; loss, clip and grad-norm figures are those of the last epoch)."""
         t0 = time.perf_counter()
         good, num_skipped = [], 0
         for traj in batch:
@@ -250,31 +279,10 @@ class Trainer:
                                 icepop_beta=self.cfg.icepop_beta, seq_ids=seq_ids)
         row_adv = advantages[seq_ids]
 
-        # 2. forward/backward per micro-batch with global weights, then one optimizer step
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0}
-        for g, mb in zip(groups, micro):
-            lp, _ = self._logprobs(self.model, mb, replay=True)
-            tt = lp.shape[1]
-            dev = lambda x: x[g, :tt].to(self.device)  # noqa: E731
-            loss, m = policy_loss(
-                lp, dev(old), dev(sampler), row_adv[g].to(self.device), dev(mask),
-                clip_eps_low=self.cfg.clip_eps_low, clip_eps_high=self.cfg.clip_eps_high,
-                ref_logprobs=dev(ref) if ref is not None else None, kl_coef=self.cfg.kl_coef,
-                is_weights=dev(is_w), row_weights=row_w[g].to(self.device))
-            loss.backward()
-            n = m["num_tokens"]
-            sums["loss"] += m["loss"]
-            sums["pg_loss"] += m["pg_loss"]
-            sums["kl"] += m["kl"] * n
-            sums["clip"] += m["clip_frac"] * n
-            sums["ratio"] += m["ratio_mean"] * n
-        self.model.eval()
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # 2. forward/backward per micro-batch with global weights, then one optimizer step; `update_epochs`
+        # times over the same batch (the old log-probs stay those of step 1, so the PPO clip bounds the move)
+        for _ in range(self.cfg.update_epochs):
+            sums, grad_norm = self._update(groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv)
         self.version += 1
 
         num_loss_tokens = max(int(mask.sum()), 1)
@@ -293,6 +301,7 @@ class Trainer:
             "num_trajectories": float(len(good)), "num_skipped": float(num_skipped),
             "num_rows": float(len(rows)), "num_micro_batches": float(len(groups)),
             "num_tokens": float(num_tokens), "num_loss_tokens": float(int(mask.sum())),
+            "update_epochs": float(self.cfg.update_epochs),
             "staleness_mean": float(sum(staleness) / len(staleness)) if staleness else 0.0,
             "staleness_max": float(max(staleness)) if staleness else 0.0,
             "step_time_s": elapsed, "tokens_per_s": num_tokens / max(elapsed, 1e-9),
