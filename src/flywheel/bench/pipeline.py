@@ -5,7 +5,8 @@
 With `--backend ray`, the async run is repeated on the Ray backend (same config, same machine) and
 `summary.ray_over_local_wall` compares the two.
 
-Both runs start from one mid-trained base policy (built once, cached in runs/bench-pipeline/) and train
+Both runs start from one mid-trained base policy (built once, cached in runs/bench-pipeline/, or given with
+`--base DIR`: a model directory holding its tokenizer, e.g. a demo run's base_model) and train
 on the same tasks; each is then evaluated on the same held-out tasks. Reported: wall time of each RL
 phase, the trainer's busy fraction, held-out pass@1 of each, and the async run's staleness histogram.
 `summary`: sync_over_async_wall, async_trainer_busy, passk_async, passk_sync.
@@ -39,9 +40,19 @@ def run(args: argparse.Namespace) -> dict:
     root = Path("runs/bench-pipeline-quick" if args.quick else "runs/bench-pipeline")
     base_cfg = _config(root / "base", "async", args.quick, "local")
     train, heldout = prepare_tasks(base_cfg, root / "base")
-    tokenizer = prepare_tokenizer(base_cfg, root / "base", train)
-    base = midtrain(base_cfg, root / "base", tokenizer, train)
-    result: dict = {"config": CONFIG, "quick": bool(args.quick), "backend": args.backend,
+    if getattr(args, "base", None):
+        from flywheel.policy.tokenizer import load_tokenizer
+
+        base = tokenizer_dir = Path(args.base)
+        if not (base / "config.json").exists() or not (base / "tokenizer.json").exists():
+            raise SystemExit(f"--base {base}: expected a model directory with config.json and tokenizer.json "
+                             f"(a run's base_model); got {sorted(p.name for p in base.glob('*'))[:8]}")
+        tokenizer = load_tokenizer(base)
+    else:
+        tokenizer = prepare_tokenizer(base_cfg, root / "base", train)
+        base = midtrain(base_cfg, root / "base", tokenizer, train)
+        tokenizer_dir = root / "base" / "tokenizer"
+    result: dict = {"config": CONFIG, "quick": bool(args.quick), "backend": args.backend, "base": str(base),
                     "num_steps": base_cfg.trainer.num_steps, "num_heldout": len(heldout)}
     runs = [("sync", "sync", "local"), ("async", "async", "local")]
     if args.backend == "ray":
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> dict:
         run_dir = root / name
         shutil.rmtree(run_dir, ignore_errors=True)
         cfg = _config(run_dir, mode, args.quick, backend)
-        rl = run_rl(cfg, run_dir, base, root / "base" / "tokenizer", train)
+        rl = run_rl(cfg, run_dir, base, tokenizer_dir, train)
         ev = evaluate_model(cfg, run_dir / "final_model", tokenizer, heldout, run_dir / "cache" / "eval")
         result[name] = {"wall_s": rl["wall_s"], "trainer_busy": rl["trainer_busy"], "steps": rl["steps"],
                         "rollouts": rl["rollouts"], "engine_busy": rl.get("engine/busy"),

@@ -104,7 +104,10 @@ class LocalEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         # step log for benchmarks: (t_start_s, t_end_s, version, num_decode_rows, num_prefills); bounded
+        # Read it from other threads only as a copy (`list(engine.step_log)`: one C call under the GIL); a
+        # Python-level iteration races the decode thread's appends ("deque mutated during iteration").
         self.step_log: deque[tuple[float, float, int, int, int]] = deque(maxlen=100_000)
+        self.busy_s = 0.0  # seconds spent in steps since the engine was built (a float: safe to read anywhere)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -245,7 +248,9 @@ class LocalEngine:
                     decoding = [r for r in self._running if r.finish_reason is None and not r.future.cancelled()]
                     if decoding:
                         self._decode(decoding, version)
-                    self.step_log.append((t0, time.perf_counter(), version, len(decoding), len(admitted)))
+                    t1 = time.perf_counter()
+                    self.step_log.append((t0, t1, version, len(decoding), len(admitted)))
+                    self.busy_s += t1 - t0
             except Exception as exc:  # a failed step fails its requests, never the engine
                 failed = admitted + self._running
                 self._running = []

@@ -53,6 +53,15 @@ async def _serve(node, mode: str, out_q: mp.Queue, ctrl_q: mp.Queue) -> None:
         out_q.put(("group", node.spec.node_id, group, node.stats()))
 
     producer = asyncio.ensure_future(node.produce(emit, stop)) if mode == "async" else None
+
+    def producer_done(task: asyncio.Task) -> None:  # it ends only when told to; otherwise the trainer must hear
+        if not stop.is_set():
+            exc = None if task.cancelled() else task.exception()
+            what = "".join(traceback.format_exception(exc)) if exc else "the rollout producer stopped"
+            out_q.put(("error", node.spec.node_id, what, {}))
+
+    if producer is not None:
+        producer.add_done_callback(producer_done)
     while True:
         msg = await requests.get()
         if msg[0] == "stop":
@@ -62,8 +71,8 @@ async def _serve(node, mode: str, out_q: mp.Queue, ctrl_q: mp.Queue) -> None:
             for group in await node.generate(num_groups, min_version):
                 emit(group)
     stop.set()
-    if producer is not None:
-        await producer
+    if producer is not None:  # a producer that died was reported when it did (producer_done)
+        await asyncio.gather(producer, return_exceptions=True)
     await node.close()
     out_q.put(("stopped", node.spec.node_id, node.version, node.stats()))
 

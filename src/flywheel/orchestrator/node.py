@@ -73,7 +73,7 @@ class InferenceNode:
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)
         self.num_groups = 0
         self.t_start = time.monotonic()
-        self._t_perf_start = time.perf_counter()
+        self._busy_start = self.engine.busy_s
 
     async def start(self) -> None:
         """Start the engine's decode loop inside the running event loop."""
@@ -112,12 +112,10 @@ class InferenceNode:
             done, in_flight = await asyncio.wait(in_flight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
                 try:
-                    group = fut.result()
-                except Exception:  # a bug in one group must not stop the node: count it, say why, go on
+                    emit(fut.result())
+                except Exception:  # a bug in one group (or in sending it) must not stop the node: count it, say why, go on
                     self.worker.counters["group_errors"] += 1
                     self._report("a rollout group failed")
-                    continue
-                emit(group)
         for fut in in_flight:
             fut.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
@@ -138,7 +136,7 @@ class InferenceNode:
     def stats(self) -> dict:
         """Engine busy fraction, weight-sync figures of the last installed version, rollout counters."""
         elapsed = time.monotonic() - self.t_start
-        busy = sum(t1 - t0 for t0, t1, *_ in self.engine.step_log if t0 >= self._t_perf_start)
+        busy = self.engine.busy_s - self._busy_start
         s = {"engine/busy": busy / elapsed if elapsed > 0 else 0.0, "node/version": self.engine.version}
         if self.subscriber.metrics:
             m = self.subscriber.metrics[-1]
