@@ -19,15 +19,16 @@ import shutil
 from pathlib import Path
 
 CONFIG = "configs/demo.toml"
+STEPS, QUICK_STEPS = 16, 4  # trainer steps of each run (the demo's own RL runs longer)
 
 
 def _config(run_dir: Path, mode: str, quick: bool, backend: str):
     from flywheel.config import load_config
 
-    overrides = ["--run_dir", str(run_dir), "--orchestrator.mode", mode, "--orchestrator.backend", backend]
+    overrides = ["--run_dir", str(run_dir), "--orchestrator.mode", mode, "--orchestrator.backend", backend,
+                 "--trainer.num_steps", str(QUICK_STEPS if quick else STEPS)]
     if quick:
-        overrides += ["--trainer.num_steps", "4", "--eval.num_tasks", "20", "--synth.num_heldout", "20",
-                      "--midtrain.num_transcripts", "200"]
+        overrides += ["--eval.num_tasks", "20", "--synth.num_heldout", "20", "--midtrain.num_transcripts", "200"]
     return load_config(CONFIG, overrides)
 
 

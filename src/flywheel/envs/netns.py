@@ -34,7 +34,7 @@ import struct
 import threading
 from collections.abc import Iterator
 
-__all__ = ["NetnsPool", "POOL", "available", "entered"]
+__all__ = ["POOL", "NetnsPool", "available", "entered"]
 
 _CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
