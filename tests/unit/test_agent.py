@@ -137,3 +137,24 @@ def test_environment_failures_are_retried_then_recorded(chat, tasks):
     assert len(made) == 6 and all(e.closed for e in made)
     assert all(t.env_failure and t.reward is None for t in group)
     assert worker.counters["env_failures"] == 6 and worker.counters["env_failed_sessions"] == 2
+
+
+class SilentEngine:
+    """Never answers: a lost request."""
+
+    version = 0
+
+    async def generate(self, prompt_ids, sampling):
+        await asyncio.Event().wait()
+
+
+def test_an_unanswered_engine_request_is_an_environment_failure(chat, tasks, tmp_path, monkeypatch):
+    import flywheel.rollout.agent as agent
+
+    monkeypatch.setattr(agent, "ENGINE_GRACE_S", 0.2)
+    env = CodingEnv(ENV, tmp_path)
+    try:
+        with pytest.raises(EnvironmentFailure, match="engine failed"):
+            run(run_session(SilentEngine(), chat, env, tasks[0], RolloutConfig(wall_clock_s=0.5)))
+    finally:
+        env.close()

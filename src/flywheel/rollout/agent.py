@@ -29,6 +29,7 @@ SUMMARY_REQUEST = (
     "Your context is almost full. Summarize your progress so far: what the task is, what you found, what you "
     "changed and what is left to do. Do not call tools in this message.")
 SUMMARY_PREFIX = "Summary of your earlier work on this task:\n"
+ENGINE_GRACE_S = 60.0  # how long past the session's deadline an unanswered engine request is waited for
 
 
 class EnvironmentFailure(RuntimeError):
@@ -103,7 +104,10 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
                                   stop_token_ids=stop_ids, seed=None if seed is None else seed * 1009 + turn)
         t0 = time.monotonic()
         try:
-            gen = await engine.generate(list(seg.token_ids), sampling)
+            # A request the engine never answers (a bug, a dead engine) must not hold the session forever:
+            # past the session's deadline and a grace period it is an engine failure (retried elsewhere).
+            gen = await asyncio.wait_for(engine.generate(list(seg.token_ids), sampling),
+                                         max(0.0, deadline - time.monotonic()) + ENGINE_GRACE_S)
         except ValueError as err:  # the engine refuses the request: the context is full
             raise _ContextFull(str(err)) from err
         except Exception as err:
