@@ -11,6 +11,9 @@ resolved with `loop.call_soon_threadsafe`. Between decode steps new requests are
 native runner (inference/qwen3.py: no padding, per-sequence KV caches, batch-invariant matmuls); other
 architectures use the HF forward one sequence at a time (inference/hf_runner.py).
 
+Prompt prefixes already computed (a session's earlier turns, a group's shared prompt) are reused instead of
+prefilled again (`inference/prefix_cache.py`, `prefix_cache_mb`; not in batch-invariant mode).
+
 Weight swaps: `update_weights` validates every name/shape/dtype and copies the tensors *before* taking the
 step lock, then swaps parameter `.data` pointers under it (microseconds). Every token records the version
 whose weights ran the forward that produced it. Stop strings need a tokenizer; the token that completes
@@ -20,6 +23,7 @@ a stop string or is a stop token is kept in the output (token-exact trajectories
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -34,6 +38,8 @@ from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token
 from flywheel.types import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -325,7 +331,10 @@ class LocalEngine:
                 keep.append(r)
                 continue
             if self.prefix_cache is not None and r.kv_version >= 0:  # kept for a later turn or group member
-                self.prefix_cache.add(self._fed(r), r.cache, r.kv_version)
+                try:
+                    self.prefix_cache.add(self._fed(r), r.cache, r.kv_version)
+                except Exception:  # noqa: BLE001 - a prefix not kept costs a prefill; a raise here would lose requests
+                    log.exception("prefix cache: could not keep a finished request's cache")
             r.cache = None  # free the KV cache now (or leave it to the prefix store)
             r.loop.call_soon_threadsafe(_resolve, r.future, self._generation(r))
         self._running = keep
