@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import functools
 import os
@@ -34,17 +33,14 @@ import struct
 import threading
 from collections.abc import Iterator
 
+from flywheel.envs.workspace import _libc
+
 __all__ = ["POOL", "NetnsPool", "available", "entered"]
 
 _CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in the union (40 bytes)
 MAX_IDLE = 64  # namespaces kept for reuse; beyond that a released one is closed
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 def _check(rc: int, what: str) -> None:

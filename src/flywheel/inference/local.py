@@ -282,7 +282,8 @@ class LocalEngine:
     def _prefill(self, r: _Request, version: int) -> None:
         r.cache = self.runner.new_cache(len(r.prompt_ids) + r.limit)
         if self.prefix_cache is not None:
-            live = [(self._fed(o), o.cache, o.kv_version) for o in self._running if o.cache is not None]
+            live = [(self._fed(o), o.cache, o.kv_version) for o in self._running
+                    if o.cache is not None and o.kv_version == version]  # others can never be reused
             src, n = self.prefix_cache.lookup(r.prompt_ids, version, live)
             if n:
                 r.cache.k[:, :, :n] = src.k[:, :, :n]
