@@ -156,6 +156,11 @@ class OrchestratorConfig(Section):
     mode: Literal["async", "sync"] = Field("async", description="async pipeline or on-policy baseline")
     max_staleness: int = Field(4, ge=0, le=1000, description="trainer versions a trajectory may lag; staler are dropped")
     drop_uniform_groups: bool = Field(True, description="drop groups whose sessions all got one reward (no GRPO signal)")
+    task_bucket_key: str = Field("", description="task meta field grouping tasks into buckets; tasks are drawn "
+                                 "favouring buckets whose recent groups had mixed rewards "
+                                 "(orchestrator/task_sampler.py); '' = uniformly")
+    task_bucket_window: int = Field(32, ge=1, le=100_000, description="recent groups per bucket the estimate uses")
+    task_bucket_floor: float = Field(0.1, ge=0, le=1, description="share of draws spread over all buckets by size")
     num_engines: int = Field(1, ge=1, le=10_000, description="inference engines (each with its rollout workers)")
     ray_address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
     ray_engine_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved per engine actor")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.config import FlywheelConfig
+from flywheel.orchestrator.task_sampler import task_sampler
 from flywheel.types import Task, Trajectory
 
 
@@ -71,6 +72,7 @@ class InferenceNode:
         self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind, grader=grader),
                                     self.cfg.rollout)
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)
+        self.sampler = task_sampler(spec.tasks, self.rng, self.cfg.orchestrator)
         self.num_groups = 0
         self.t_start = time.monotonic()
         self._busy_start = self.engine.busy_s
@@ -86,14 +88,14 @@ class InferenceNode:
     def version(self) -> int:
         return self.engine.version
 
-    def next_task(self) -> Task:
-        return self.rng.choice(self.spec.tasks)
-
     async def _group(self, min_version: int | None = None) -> list[Trajectory]:
-        task = self.next_task()
+        index = self.sampler.next()
+        task = self.spec.tasks[index]
         self.num_groups += 1
         gid = f"n{self.spec.node_id}/g{self.num_groups}/{task.id}"
-        return await self.worker.run_group(task, group_id=gid, seed=self.rng.randrange(1 << 30))
+        group = await self.worker.run_group(task, group_id=gid, seed=self.rng.randrange(1 << 30))
+        self.sampler.observe(index, [t.reward.value for t in group if t.reward is not None])
+        return group
 
     def sync_weights(self) -> int | None:
         """Pull the newest version from the store, if any; returns it (None when already current)."""
@@ -142,6 +144,7 @@ class InferenceNode:
             m = self.subscriber.metrics[-1]
             s.update({"weights/pause_ms": m.get("pause_ms", 0.0), "weights/apply_ms": m.get("total_ms", 0.0)})
         s.update({f"rollout/{k}": float(v) for k, v in self.worker.counters.items()})
+        s.update(self.sampler.stats())
         if hasattr(self.grader, "stats"):
             s.update(self.grader.stats())
         return s

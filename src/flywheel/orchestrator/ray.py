@@ -47,6 +47,7 @@ from typing import Any
 
 from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.node import NodeSpec
+from flywheel.orchestrator.task_sampler import task_sampler
 
 STATS_EVERY_S = 2.0  # relay counters and the store's newest version are read at most this often
 GRADER_MAX_RESTARTS = 3  # a grader that crashes comes back under the same handle this many times
@@ -161,6 +162,7 @@ class RayRollouts:
         self.engines: dict[int, Engine] = {}
         self.pending: deque[Job] = deque()
         self.rng = random.Random(specs[0].seed * 7919 + 17)
+        self.sampler = task_sampler(specs[0].tasks, self.rng, self.cfg.orchestrator)
         self.counters = {"requeued": 0, "lost_groups": 0, "engines_died": 0, "engines_added": 0,
                          "engines_removed": 0, "groups": 0}
         self.origin = None
@@ -291,7 +293,7 @@ class RayRollouts:
 
     def _new_job(self, min_version: int = 0) -> Job:
         self._num_jobs += 1
-        index = self.rng.randrange(len(self.template.tasks))
+        index = self.sampler.next()
         task = self.template.tasks[index]
         return Job(index, self.rng.randrange(1 << 30), f"r{self._num_jobs}/{task.id}", min_version)
 
@@ -386,7 +388,8 @@ class RayRollouts:
                 e.inflight.pop(ref)
                 self.counters["lost_groups"] += 1
                 continue
-            e.inflight.pop(ref)
+            job = e.inflight.pop(ref)
+            self.sampler.observe(job.task_index, [t.reward.value for t in group if t.reward is not None])
             self.counters["groups"] += 1
             collected.append(("group", e.node_id, group, stats))
         # ray.wait lists ready futures in submission order, not completion order: hand them out oldest stats
@@ -422,12 +425,13 @@ class RayRollouts:
         if not force and now - self._t_stats < STATS_EVERY_S:  # counters fresh, relay figures cached
             return {**{k: v for k, v in self._pool_stats.items() if not isinstance(v, str)},
                     **{f"rollout/{k}": float(v) for k, v in self.counters.items()},
-                    "pool/num_engines": float(len(self.engines))}
+                    **self.sampler.stats(), "pool/num_engines": float(len(self.engines))}
         self._t_stats = now
         ray = _ray()
         from flywheel.weights.sync import open_source
 
         s: dict = {f"rollout/{k}": float(v) for k, v in self.counters.items()}
+        s.update(self.sampler.stats())
         s["pool/num_engines"] = float(len(self.engines))
         try:
             latest = open_source(self.store_url).latest_version()
