@@ -81,3 +81,24 @@ def test_loopback_inside_and_isolation_between_sandboxes(base: Path) -> None:
         assert "LISTENING" in out["a"] and "NOBODY" in out["a"], out
         assert "BLOCKED" in out["b"], out
     flush_closed()
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not usable")
+def test_a_sandbox_that_fails_to_start_hands_back_its_namespace(base: Path, monkeypatch) -> None:
+    from flywheel.envs.sandbox import BwrapSandbox
+
+    a = netns.POOL.acquire()
+    netns.POOL.release(a)  # now the next acquire lends `a`
+
+    def broken(self, tmp_root):
+        raise OSError("no bwrap arguments today")
+
+    monkeypatch.setattr(BwrapSandbox, "_build_prefix", broken)
+    with pytest.raises(OSError, match="no bwrap arguments") as failed:
+        create_sandbox(base, SandboxLimits(), kind="bwrap")
+    assert flush_closed(timeout_s=10)
+    # `failed` keeps the traceback, and with it the half-built sandbox, alive: `a` must be back all the same
+    # (not only once the garbage collector runs the sandbox's __del__)
+    b = netns.POOL.acquire()
+    netns.POOL.release(b)
+    assert b == a and failed.value is not None

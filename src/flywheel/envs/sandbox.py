@@ -521,7 +521,11 @@ class BwrapSandbox(_BaseSandbox):
         # As root, one network namespace lent for the sandbox's life (`netns.py`) instead of a new one per
         # command (--unshare-net), which costs ~20 % of a bwrap start.
         self._netns = netns.POOL.acquire() if netns.available() else None
-        self._prefix = self._build_prefix(tmp_root)
+        try:
+            self._prefix = self._build_prefix(tmp_root)
+        except BaseException:  # hand back the workspace, uid and namespace taken so far
+            self.close()
+            raise
 
     def _build_prefix(self, tmp_root: str | None) -> list[str]:
         system, helper = _bwrap_system_args(tmp_root or default_tmp_root(), self.limits.file_size_mb * 1024 * 1024 * 4)
