@@ -59,3 +59,15 @@ def test_floor_keeps_every_bucket_drawn_and_bad_settings_are_refused():
         TaskSampler(tasks({"a": 1}), random.Random(0), window=0)
     with pytest.raises(ValueError, match="at least one task"):
         TaskSampler([], random.Random(0))
+
+
+def test_observe_group_reads_the_rewards_of_trajectories():
+    from flywheel.types import Reward, Trajectory
+
+    def group(*values):
+        return [Trajectory(task_id="t", group_id="g", reward=Reward(value=v)) for v in values]
+
+    sampler = TaskSampler(tasks({"a": 1, "b": 1}), random.Random(0), bucket_key="kind", window=4)
+    sampler.observe_group(0, group(0.0, 1.0))
+    sampler.observe_group(1, group(1.0, 1.0))
+    assert list(sampler.recent["a"]) == [True] and list(sampler.recent["b"]) == [False]

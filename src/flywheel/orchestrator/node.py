@@ -94,7 +94,7 @@ class InferenceNode:
         self.num_groups += 1
         gid = f"n{self.spec.node_id}/g{self.num_groups}/{task.id}"
         group = await self.worker.run_group(task, group_id=gid, seed=self.rng.randrange(1 << 30))
-        self.sampler.observe(index, [t.reward.value for t in group if t.reward is not None])
+        self.sampler.observe_group(index, group)
         return group
 
     def sync_weights(self) -> int | None:

@@ -389,7 +389,7 @@ class RayRollouts:
                 self.counters["lost_groups"] += 1
                 continue
             job = e.inflight.pop(ref)
-            self.sampler.observe(job.task_index, [t.reward.value for t in group if t.reward is not None])
+            self.sampler.observe_group(job.task_index, group)
             self.counters["groups"] += 1
             collected.append(("group", e.node_id, group, stats))
         # ray.wait lists ready futures in submission order, not completion order: hand them out oldest stats

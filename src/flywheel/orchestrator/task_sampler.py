@@ -28,7 +28,7 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
-from flywheel.types import Task
+from flywheel.types import Task, Trajectory
 
 
 class TaskSampler:
@@ -69,6 +69,11 @@ class TaskSampler:
         """Record one finished group of tasks[index]: did its rewards differ (a group GRPO can learn from)?"""
         if rewards:
             self.recent[self.bucket_of[index]].append(len(set(rewards)) > 1)
+
+    def observe_group(self, index: int, group: Sequence[Trajectory]) -> None:
+        """`observe` from a finished group's trajectories (without buckets there is nothing to learn)."""
+        if len(self.members) > 1:
+            self.observe(index, [t.reward.value for t in group if t.reward is not None])
 
     def stats(self) -> dict[str, float]:
         """`tasks/share/<bucket>` for each bucket (only with buckets): where the engine's time goes now."""
