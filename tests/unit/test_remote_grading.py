@@ -318,3 +318,22 @@ def test_get_collects_every_ready_future_in_one_pass(tmp_path, monkeypatch):
     assert e0.stats["rollout/sessions"] == 12.0  # the engine's newest figures
     assert len(fake.waits) == 2  # queued groups come out without another wait
     assert pool.get(timeout_s=0.5) is None and fake.waits[-1] == (1, 0.5)  # nothing ready: one wait, None
+
+
+@pytest.mark.parametrize("mode, expected", [("async", 8), ("sync", 0)])
+def test_async_pool_queues_a_second_round_of_groups_on_each_engine(tmp_path, monkeypatch, mode, expected):
+    """The driver hands out work only between trainer steps, so in async mode each engine holds as many groups
+    again as it runs; sync mode runs exactly what was requested (nothing here)."""
+    from flywheel.config import FlywheelConfig
+    from flywheel.orchestrator import ray as ray_backend
+    from flywheel.orchestrator.node import NodeSpec
+
+    monkeypatch.setattr(ray_backend, "_ray", lambda: _PoolRay())
+    cfg = FlywheelConfig.model_validate({"orchestrator": {"mode": mode}})
+    spec = NodeSpec(config={}, model_dir="", tokenizer_dir="", tasks=generate_tasks(3, seed=1), store_url=str(tmp_path),
+                    cache_dir=str(tmp_path / "cache" / "node0"), max_groups_in_flight=4)
+    pool = ray_backend.RayRollouts([spec], cfg, run_dir=tmp_path)
+    handle = _EngineHandle("e0")
+    pool.engines = {0: ray_backend.Engine(0, "default", spec, handle)}
+    pool._fill()
+    assert len(handle.submitted) == expected
