@@ -38,13 +38,18 @@ class TaskSampler:
             raise ValueError("the task sampler needs at least one task")
         if window < 1 or not 0.0 <= floor <= 1.0:
             raise ValueError(f"task sampler: window must be >= 1 and floor in [0, 1]; got {window}, {floor}")
-        self.rng, self.bucket_key, self.floor = rng, bucket_key, floor
+        self.rng, self.floor = rng, floor
         self.num_tasks = len(tasks)
         self.bucket_of: list[str] = [str(t.meta.get(bucket_key, "")) if bucket_key else "" for t in tasks]
         self.members: dict[str, list[int]] = {}
         for i, b in enumerate(self.bucket_of):
             self.members.setdefault(b, []).append(i)
         self.recent: dict[str, deque[bool]] = {b: deque(maxlen=window) for b in self.members}
+
+    @property
+    def bucketed(self) -> bool:
+        """More than one bucket: draws are weighted and observations matter (else uniform over tasks)."""
+        return len(self.members) > 1
 
     def rate(self, bucket: str) -> float:
         """Estimated chance that a group of this bucket has mixed rewards (Laplace over the recent window)."""
@@ -59,7 +64,7 @@ class TaskSampler:
         return {b: self.floor * sizes[b] / self.num_tasks + (1 - self.floor) * weighted[b] / total_w for b in sizes}
 
     def next(self) -> int:
-        if len(self.members) == 1:
+        if not self.bucketed:
             return self.rng.randrange(self.num_tasks)
         shares = self.shares()
         bucket = self.rng.choices(list(shares), weights=list(shares.values()))[0]
@@ -72,12 +77,12 @@ class TaskSampler:
 
     def observe_group(self, index: int, group: Sequence[Trajectory]) -> None:
         """`observe` from a finished group's trajectories (without buckets there is nothing to learn)."""
-        if len(self.members) > 1:
+        if self.bucketed:
             self.observe(index, [t.reward.value for t in group if t.reward is not None])
 
     def stats(self) -> dict[str, float]:
         """`tasks/share/<bucket>` for each bucket (only with buckets): where the engine's time goes now."""
-        if len(self.members) == 1:
+        if not self.bucketed:
             return {}
         return {f"tasks/share/{b or '(none)'}": s for b, s in self.shares().items()}
 
