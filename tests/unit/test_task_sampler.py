@@ -59,6 +59,8 @@ def test_floor_keeps_every_bucket_drawn_and_bad_settings_are_refused():
         TaskSampler(tasks({"a": 1}), random.Random(0), window=0)
     with pytest.raises(ValueError, match="at least one task"):
         TaskSampler([], random.Random(0))
+    with pytest.raises(ValueError, match="'kimd' is not a meta field of any task; the tasks have \\['kind'\\]"):
+        TaskSampler(tasks({"a": 1}), random.Random(0), bucket_key="kimd")  # a typo must not fall back to uniform
 
 
 def test_observe_group_reads_the_rewards_of_trajectories():

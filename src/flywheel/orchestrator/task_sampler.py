@@ -38,6 +38,10 @@ class TaskSampler:
             raise ValueError("the task sampler needs at least one task")
         if window < 1 or not 0.0 <= floor <= 1.0:
             raise ValueError(f"task sampler: window must be >= 1 and floor in [0, 1]; got {window}, {floor}")
+        if bucket_key and not any(bucket_key in t.meta for t in tasks):
+            known = sorted({k for t in tasks for k in t.meta})
+            raise ValueError(f"orchestrator.task_bucket_key '{bucket_key}' is not a meta field of any task; "
+                             f"the tasks have {known or 'no meta fields'} (or set '' to draw uniformly)")
         self.rng, self.floor = rng, floor
         self.num_tasks = len(tasks)
         self.bucket_of: list[str] = [str(t.meta.get(bucket_key, "")) if bucket_key else "" for t in tasks]
