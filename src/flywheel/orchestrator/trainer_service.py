@@ -37,8 +37,11 @@ class TrainerService:
         cfg = FlywheelConfig.model_validate(config)
         run_dir_p = Path(run_dir)
         model = load_model(Path(base_model_dir), cfg.model.dtype)
+        # the KL anchor is the policy RL started from: a frozen second copy of the base model
+        ref_model = load_model(Path(base_model_dir), cfg.model.dtype) if cfg.trainer.kl_coef > 0 else None
         self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=model.config.pad_token_id or 0,
-                               temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant)
+                               temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant,
+                               ref_model=ref_model)
         restarted = _restarted_actor()
         has_ckpt = ckpt.latest_checkpoint(run_dir_p / "checkpoints") is not None
         self.extra_state = self.trainer.load_checkpoint() if (resume or (restarted and has_ckpt)) else {}
