@@ -109,6 +109,8 @@ class TrainerConfig(Section):
     lr: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay")
+    warmup_steps: int = Field(0, ge=0, description="trainer steps of linear learning-rate warmup (then constant); "
+                              "0 = off")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 = off")
     batch_size: int = Field(32, ge=1, description="trajectories per trainer step")
     micro_batch_tokens: int = Field(4096, ge=16, description="token budget per forward/backward")

@@ -12,6 +12,7 @@ from flywheel.policy.logprobs import token_logprobs
 from flywheel.policy.model import build_model
 from flywheel.trainer.checkpoint import latest_checkpoint, list_checkpoints
 from flywheel.trainer.replay import moe_routers, record_routing, router_replay
+from flywheel.trainer.schedule import warmup_factor
 from flywheel.trainer.train import Trainer, pack_micro_batches
 from flywheel.types import Reward, Segment, Trajectory
 
@@ -89,6 +90,17 @@ def test_update_epochs_take_several_optimizer_steps_on_one_batch():
     assert abs(m2["ratio_mean"] - 1.0) > 1e-4  # the second epoch scores against the batch's old log-probs
     w1, w2 = weights(one), weights(two)
     assert any(not torch.equal(w1[k], w2[k]) for k in w1)  # the second step moved the weights further
+
+
+def test_warmup_ramps_the_learning_rate_per_optimizer_update():
+    model = tiny()
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, update_epochs=2, warmup_steps=2))
+    lrs = [trainer.step(batch(model))["lr"] for _ in range(3)]  # the last epoch's rate of each step
+    assert lrs == pytest.approx([1e-2 * 2 / 4, 1e-2 * 4 / 4, 1e-2])
+    assert warmup_factor(0, 4) == 0.25 and warmup_factor(3, 4) == 1.0 and warmup_factor(9, 4) == 1.0
+    assert warmup_factor(0, 0) == 1.0
+    with pytest.raises(ValueError):
+        warmup_factor(-1, 4)
 
 
 def test_rl_raises_the_probability_of_rewarded_completions():
@@ -169,7 +181,8 @@ def test_bf16_autocast_step_keeps_fp32_weights():
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
 def test_exact_resume_is_bit_identical(tmp_path, preset):
-    cfg = TrainerConfig(lr=1e-3, checkpoint_every=2, micro_batch_tokens=64, weight_decay=0.01)
+    # warmup still ramping at step 3: the resumed trainer must pick the schedule up where it stopped
+    cfg = TrainerConfig(lr=1e-3, checkpoint_every=2, micro_batch_tokens=64, weight_decay=0.01, warmup_steps=4)
     data = [batch(tiny(preset), noise=0.1 * k, moe=preset == "tiny-moe") for k in range(3)]
 
     straight = tiny(preset)

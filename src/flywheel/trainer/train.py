@@ -52,6 +52,7 @@ from flywheel.trainer.advantages import compute_advantages
 from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.trainer.replay import moe_routers, router_replay
+from flywheel.trainer.schedule import warmup_factor
 from flywheel.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -281,7 +282,11 @@ class Trainer:
 
         # 2. forward/backward per micro-batch with global weights, then one optimizer step; `update_epochs`
         # times over the same batch (the old log-probs stay those of step 1, so the PPO clip bounds the move)
-        for _ in range(self.cfg.update_epochs):
+        for epoch in range(self.cfg.update_epochs):
+            factor = warmup_factor(self.version * self.cfg.update_epochs + epoch,
+                                   self.cfg.warmup_steps * self.cfg.update_epochs)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.lr * factor
             sums, grad_norm = self._update(groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv)
         self.version += 1
 
