@@ -14,8 +14,11 @@ Router replay is measured with an fp32 sampler (same math as the trainer up to r
 routing almost never flips) and with a bfloat16 sampler (how production inference runs; routing flips),
 on the random-init tiny-moe and on a tiny-moe TRAINED here (`_train_moe`: next-token steps on a seeded
 synthetic corpus, so routers have learned, uneven gates and near-ties like a real MoE). The headline
-`replay_k3_reduction_moe` = k3(bf16 sampler, fp32 trainer, routing freely) / k3(same samples, trainer
-replays the sampler's experts), on the trained model with prompts from its training distribution;
+`replay_k3_reduction_moe` = k3(bf16 sampler, trainer on the same bf16 weights, routing freely) / k3(same
+samples, trainer replays the sampler's experts), on the trained model with prompts from its training
+distribution — the production setting, where engine and trainer hold the same bf16 weights and differ only
+in kernels and batching. `replay_k3_reduction_moe_fp32_trainer` is the same ratio with the fp32 trainer,
+whose every op also differs from the sampler's by bf16 rounding;
 `routing_flip_frac_moe` is the fraction of generated (token, layer) pairs whose experts in the trainer's
 free forward differ from the sampler's. `replay_expert_agreement` (experts the trainer forward actually
 used == the sampler's, with replay) must be 1.0. One torch thread (tiny models on a shared machine).
@@ -107,6 +110,7 @@ def _replay_mismatch(model, prompts, params) -> dict:
     g16, _ = _serve(m16, prompts, params, batch_invariant=False)
     t16 = _trajectories(prompts, g16)
     free, rep = _step(model, t16, False, False), _step(model, t16, True, False)
+    free16, rep16 = _step(m16, t16, False, False), _step(m16, t16, True, False)
     used = _used_expert_agreement(model, prompts, g16)
     return {
         "default": {"k3": free["mismatch/k3"], "max_abs_dlogp": free["mismatch/max_abs_diff"],
@@ -114,9 +118,19 @@ def _replay_mismatch(model, prompts, params) -> dict:
         "router_replay": {"k3": rep["mismatch/k3"], "max_abs_dlogp": rep["mismatch/max_abs_diff"],
                           "used_expert_agreement": used["replay"]},
         "routing_flip_frac": 1.0 - used["default"],
-        "k3_reduction": free["mismatch/k3"] / rep["mismatch/k3"] if rep["mismatch/k3"] > 0 else None,
+        "k3_reduction": _ratio(free["mismatch/k3"], rep["mismatch/k3"]),
+        # the trainer forward on the same bfloat16 weights (FSDP/Megatron-style bf16 params): only the
+        # kernels and batching differ from the sampler, as between vLLM and a bf16 trainer in production
+        "bf16_trainer": {"k3_default": free16["mismatch/k3"], "k3_router_replay": rep16["mismatch/k3"],
+                         "max_abs_dlogp_default": free16["mismatch/max_abs_diff"],
+                         "max_abs_dlogp_router_replay": rep16["mismatch/max_abs_diff"],
+                         "k3_reduction": _ratio(free16["mismatch/k3"], rep16["mismatch/k3"])},
         "num_generated_tokens": sum(len(g.token_ids) for g in g16),
     }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
 
 
 def _trained_moe(quick: bool) -> dict:
@@ -258,9 +272,12 @@ def run(args) -> dict:
         "bi_engine_cost_cpu_moe": moe["batch_invariant"]["engine_cost_cpu"],
         "replay_expert_agreement": min(trained["router_replay"]["used_expert_agreement"],
                                        rand["router_replay"]["used_expert_agreement"]),
-        "replay_k3_reduction_moe": trained["k3_reduction"],
-        "k3_moe_bf16_free": trained["default"]["k3"],
-        "k3_moe_bf16_replay": trained["router_replay"]["k3"],
+        "replay_k3_reduction_moe": trained["bf16_trainer"]["k3_reduction"],
+        "k3_moe_bf16_free": trained["bf16_trainer"]["k3_default"],
+        "k3_moe_bf16_replay": trained["bf16_trainer"]["k3_router_replay"],
+        "replay_k3_reduction_moe_fp32_trainer": trained["k3_reduction"],
+        "k3_moe_bf16_sampler_fp32_trainer_free": trained["default"]["k3"],
+        "k3_moe_bf16_sampler_fp32_trainer_replay": trained["router_replay"]["k3"],
         "routing_flip_frac_moe": trained["routing_flip_frac"],
         "replay_k3_reduction_moe_random_init": rand["k3_reduction"],
         "routing_flip_frac_moe_random_init": rand["routing_flip_frac"],
