@@ -6,7 +6,7 @@
 Why: AdamW's first update is close to lr * sign(gradient) on every parameter, whatever the gradient's size;
 ramping the rate over the first steps lets Adam's moment estimates settle first — the usual remedy, and what
 users of other trainers expect to find. Off by default: on the demo's seed-1 base one run with 4 warmup
-steps ended lower than without (held-out pass@1 0.35 vs 0.40; docs/training.md). Stateless (a function of
+steps ended lower than without (held-out pass@1 0.35 vs 0.40; docs/benchmarks.md). Stateless (a function of
 the update index), so a resumed run follows the same schedule bit for bit.
 """
 
