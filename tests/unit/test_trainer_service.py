@@ -1,12 +1,11 @@
 """The trainer side the RL loop drives (`TrainerService`): built from a config and a base-model directory."""
 
 import pytest
+from test_trainer import batch, tiny
 
 from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.trainer_service import TrainerService
 from flywheel.policy.model import save_model
-
-from test_trainer import batch, tiny
 
 
 def test_kl_coef_gets_the_base_model_as_its_frozen_reference(tmp_path):

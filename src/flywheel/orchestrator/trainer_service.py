@@ -15,6 +15,7 @@ trajectory is lost. The local backend imports nothing from Ray.
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from pathlib import Path
@@ -37,8 +38,9 @@ class TrainerService:
         cfg = FlywheelConfig.model_validate(config)
         run_dir_p = Path(run_dir)
         model = load_model(Path(base_model_dir), cfg.model.dtype)
-        # the KL anchor is the policy RL started from: a frozen second copy of the base model
-        ref_model = load_model(Path(base_model_dir), cfg.model.dtype) if cfg.trainer.kl_coef > 0 else None
+        # the KL anchor is the policy RL started from: a frozen copy of the base model, taken before a resume
+        # loads the checkpoint's weights into `model` (a copy in memory, not a second read of the directory)
+        ref_model = copy.deepcopy(model) if cfg.trainer.kl_coef > 0 else None
         self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=model.config.pad_token_id or 0,
                                temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant,
                                ref_model=ref_model)
