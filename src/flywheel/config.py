@@ -120,6 +120,8 @@ class TrainerConfig(Section):
                                "one published weight version per batch")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training compute dtype")
     advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="group-relative advantage estimator")
+    negative_weight: float = Field(1.0, ge=0, le=1, description="scale of negative advantages (1 = as published, "
+                                   "0 = only sessions that beat their group; see trainer/advantages.py)")
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO clip below 1")
     clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip above 1 (clip-higher)")
     correction: Literal["none", "tis", "tis_seq", "mis", "icepop"] = Field(

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from flywheel.trainer.advantages import compute_advantages, drgrpo_advantages, grpo_advantages
+from flywheel.trainer.advantages import compute_advantages, drgrpo_advantages, grpo_advantages, weight_negatives
 
 
 def test_grpo_normalises_by_group_mean_and_unbiased_std():
@@ -43,3 +43,13 @@ def test_compute_advantages_dispatches_and_rejects_bad_input():
     with pytest.raises(ValueError, match="finite"):
         drgrpo_advantages([1.0, float("nan")], ["a", "a"])
     assert grpo_advantages([], []).numel() == 0
+
+
+def test_weight_negatives_scales_only_the_negative_advantages():
+    # Group [1, 0, 0, 0]: mean 0.25, unbiased std 0.5 -> A = [1.5, -0.5, -0.5, -0.5].
+    adv = grpo_advantages([1.0, 0.0, 0.0, 0.0], ["g"] * 4)
+    assert weight_negatives(adv, 0.2).tolist() == pytest.approx([1.5, -0.1, -0.1, -0.1], rel=1e-5)
+    assert weight_negatives(adv, 0.0).tolist() == pytest.approx([1.5, 0.0, 0.0, 0.0], rel=1e-5)
+    assert torch.equal(weight_negatives(adv, 1.0), adv)
+    with pytest.raises(ValueError, match="negative_weight"):
+        weight_negatives(adv, -1.0)

@@ -12,6 +12,12 @@ Every session of one task (a *group*, `Trajectory.group_id`) is scored against i
 
 A group whose rewards are all equal has A = 0 for every member under both estimators: it carries no
 learning signal and only its KL term (if any) contributes.
+
+`weight_negatives(adv, w)` scales the negative advantages by w (`trainer.negative_weight`): 1 is the
+estimator as published, 0 keeps only the sessions that beat their group (a policy-gradient form of
+rejection-sampling fine-tuning). Why: in token-mean aggregation the failed sessions are the longer ones
+and push down every token they sampled, correct copies included; a small policy whose greedy answer
+rests on a few exact copies loses some of them (docs/training.md, "Negative weight").
 """
 
 from __future__ import annotations
@@ -74,3 +80,10 @@ def compute_advantages(rewards, group_ids: Sequence[Hashable], kind: str = "grpo
     if kind == "drgrpo":
         return drgrpo_advantages(rewards, group_ids)
     raise ValueError(f"unknown advantage estimator '{kind}'; choose one of {list(ADVANTAGE_KINDS)}")
+
+
+def weight_negatives(advantages: torch.Tensor, weight: float) -> torch.Tensor:
+    """`advantages` with every negative entry multiplied by `weight` (>= 0); positives unchanged."""
+    if weight < 0:
+        raise ValueError(f"negative_weight must be >= 0, got {weight}")
+    return torch.where(advantages < 0, advantages * weight, advantages)

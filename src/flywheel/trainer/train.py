@@ -48,7 +48,7 @@ from flywheel.numerics.batch_invariant import BatchInvariantForward, check_model
 from flywheel.policy.logprobs import logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
-from flywheel.trainer.advantages import compute_advantages
+from flywheel.trainer.advantages import compute_advantages, weight_negatives
 from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.trainer.replay import moe_routers, router_replay
@@ -250,6 +250,7 @@ class Trainer:
             return {"step_skipped": 1.0, "num_skipped": float(num_skipped), "version": float(self.version)}
         rewards = [t.reward.value for t in good]
         advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
+        advantages = weight_negatives(advantages, self.cfg.negative_weight)
         groups = pack_micro_batches([len(r.input_ids) for r in rows], self.cfg.micro_batch_tokens)
         micro = [self._collate([rows[i] for i in g]) for g in groups]
 
