@@ -204,8 +204,6 @@ class MidtrainConfig(Section):
     drill_batch_tokens: int = Field(1024, ge=64, description="tokens per optimizer step in the drill stage")
     copy_drill_fraction: float = Field(0.5, ge=0, le=1, description="share of drills with a random file and edit "
                                        "(teaches copying from the statement; see pipeline/transcripts.py)")
-    copy_drill_compound: float = Field(0.0, ge=0, le=1, description="stage 2: chance of each operand of a copy "
-                                       "drill's edit being a call, index or nested operation (longer spans to copy)")
     drills_per_sequence: int = Field(6, ge=1, le=1000, description="stage 2: drill episodes packed into one "
                                      "training sequence after the session's system prompt and tool list")
     imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")

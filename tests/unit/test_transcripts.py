@@ -1,6 +1,5 @@
 """Mid-training data: scripted sessions through the real harness, rendered exactly as the agent loop renders."""
 
-import ast
 import random
 
 import pytest
@@ -11,7 +10,6 @@ from flywheel.envs.synth import generate_tasks
 from flywheel.pipeline.transcripts import (
     make_drills,
     make_transcripts,
-    random_edit,
     render_transcript,
     run_script,
     scripted_actions,
@@ -95,18 +93,3 @@ def test_copy_drills_quote_their_edit_and_need_no_tasks(chat):
         answer = bare.tokenizer.decode([i for i, m in zip(ids, mask) if m])
         assert answer.startswith("<tool_call>") and path in answer
     assert 20 <= edits < 40  # mostly edits, some views only
-
-
-def test_compound_copy_edits_are_python_and_swaps_swap():
-    rng = random.Random(3)
-    plain = [random_edit(rng) for _ in range(300)]
-    assert not any("(" in old + new for old, new in plain)  # compound 0: names and numbers only
-    edits = [random_edit(rng, compound=0.5) for _ in range(300)]
-    assert sum("(" in old for old, _ in edits) > 50
-    swaps = 0
-    for old, new in edits:
-        a, b = ast.parse(old, mode="eval").body, ast.parse(new, mode="eval").body  # both are valid Python
-        if isinstance(a, ast.BinOp) and isinstance(b, ast.BinOp) and ast.dump(a.left) == ast.dump(b.right) \
-                and ast.dump(a.right) == ast.dump(b.left) and type(a.op) is type(b.op):
-            swaps += 1
-    assert swaps >= 8  # `10 % abs(x)` -> `abs(x) % 10`, rendered as Python renders it

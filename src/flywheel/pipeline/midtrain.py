@@ -59,8 +59,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     bare = make_drills(tasks, m.num_drills, ChatFormat(tokenizer, []), m.seed,
                        copy_fraction=m.copy_drill_fraction) if m.drill_steps else []
     drills = make_drills(tasks, m.num_drills, chat, m.seed + 1, copy_fraction=m.copy_drill_fraction,
-                         system=system_prompt(cfg.env), per_sequence=m.drills_per_sequence,
-                         compound=m.copy_drill_compound)
+                         system=system_prompt(cfg.env), per_sequence=m.drills_per_sequence)
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
     # Nothing else runs while the model trains here (the job keeps one torch thread for the RL stage, where

@@ -25,7 +25,6 @@ statement, which is what held-out tasks need.
 
 from __future__ import annotations
 
-import keyword
 import random
 from typing import Callable
 
@@ -99,8 +98,6 @@ def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: 
 _NAMES = ("a", "b", "x", "y", "n", "k", "i", "j", "s", "t", "lo", "hi", "acc", "val", "arr", "idx", "total",
           "count", "item", "res", "cur", "step", "size", "left", "right", "key")
 _OPS = ("+", "-", "*", "//", "%", "<", "<=", ">", ">=", "==", "!=", "and", "or")
-_SWAPPABLE = ("-", "//", "%", "<", "<=", ">", ">=", "==", "!=")
-_CALLS = ("len", "abs", "int", "str", "sum")
 _FILES = ("core", "calc", "utils", "funcs", "compute", "helpers", "mathops", "logic", "tools", "ops", "lib", "main")
 
 
@@ -114,11 +111,9 @@ def _operand(rng: random.Random) -> str:
     return str(rng.randint(0, 99)) if rng.random() < 0.35 else _name(rng)
 
 
-def random_edit(rng: random.Random, compound: float = 0.0) -> tuple[str, str]:
+def random_edit(rng: random.Random) -> tuple[str, str]:
     """A random (old, new) pair shaped like a synthetic bug's fix: swapped operands or operator, a constant
-    off by one, a dropped `+ 1`. With `compound` > 0 operands may be longer expressions (`_compound_edit`)."""
-    if compound > 0:
-        return _compound_edit(rng, compound)
+    off by one, a dropped `+ 1`."""
     a, b = _operand(rng), _operand(rng)
     op = rng.choice(_OPS)
     kind = rng.randrange(4)
@@ -132,60 +127,16 @@ def random_edit(rng: random.Random, compound: float = 0.0) -> tuple[str, str]:
     return f"{a} {op} {b}", f"{a} {op} {b} + 1"
 
 
-def _compound_operand(rng: random.Random, compound: float) -> str:
-    """A name or a number; with probability `compound` one of the shapes the tasks' expressions have — a call
-    (`len(ys)`), an index (`xs[i]`), a parenthesised operation (`(x + 1)`) — so copy drills train spans as
-    long as the ones held-out swaps quote (`10 % abs(x)` should be `abs(x) % 10`)."""
-    def leaf() -> str:
-        name = _name(rng)
-        return str(rng.randint(0, 99)) if rng.random() < 0.35 else name + "_" * keyword.iskeyword(name)
-
-    if rng.random() >= compound:
-        return leaf()
-    shape = rng.randrange(3)
-    if shape == 0:
-        return f"{rng.choice(_CALLS)}({leaf()})"
-    if shape == 1:
-        return f"{leaf()}[{leaf()}]"
-    return f"({leaf()} {rng.choice(_OPS[:5])} {leaf()})"
-
-
-def _expr(a: str, op: str, b: str) -> str:
-    """`a op b` as the tasks spell it: Python's own rendering (ast.unparse), redundant parentheses dropped."""
-    import ast
-
-    return ast.unparse(ast.parse(f"({a}) {op} ({b})", mode="eval"))
-
-
-def _compound_edit(rng: random.Random, compound: float) -> tuple[str, str]:
-    """`random_edit` over compound operands, including swapped arguments of a two-argument call."""
-    a, b = _compound_operand(rng, compound), _compound_operand(rng, compound)
-    kind = rng.randrange(4)
-    if kind == 0:
-        if rng.random() < 0.25:
-            f = rng.choice(("min", "max", "pow", "round"))
-            return f"{f}({a}, {b})", f"{f}({b}, {a})"
-        op = rng.choice(_SWAPPABLE)
-        return _expr(a, op, b), _expr(b, op, a)
-    op = rng.choice(_OPS)
-    if kind == 1:
-        return _expr(a, op, b), _expr(a, rng.choice([o for o in _OPS if o != op]), b)
-    if kind == 2:
-        n = rng.randint(0, 99)
-        return str(n), str(n + rng.choice((-1, 1, 2)))
-    return _expr(a, op, b), f"{_expr(a, op, b)} + 1"
-
-
-def copy_episode(rng: random.Random, compound: float = 0.0) -> list[Message]:
+def copy_episode(rng: random.Random) -> list[Message]:
     """A random easy-style statement and the turns that answer it: view the file, the edit (after a view of a
     made-up function holding the old text, or straight away)."""
     from flywheel.envs.synth import easy_statement
     from flywheel.envs.tools import number_lines
 
     path = f"{rng.choice(_FILES)}{rng.choice(['', '_', ''])}{rng.choice(['', str(rng.randint(1, 9))])}.py"
-    old, new = random_edit(rng, compound)
+    old, new = random_edit(rng)
     while old == new:
-        old, new = random_edit(rng, compound)
+        old, new = random_edit(rng)
     name = f"{_name(rng)}_{_name(rng)}"
     user = Message(role="user", content=easy_statement(path, name, old, new))
     view = _call("view", path=path)
@@ -250,12 +201,11 @@ def render_transcript(chat, messages: list[Message]) -> tuple[list[int], list[in
 
 
 def make_drills(tasks: list[Task], num_drills: int, chat, seed: int = 0, copy_fraction: float = 0.0,
-                system: str | None = None, per_sequence: int = 1,
-                compound: float = 0.0) -> list[tuple[list[int], list[int]]]:
+                system: str | None = None, per_sequence: int = 1) -> list[tuple[list[int], list[int]]]:
     """`num_drills` drill episodes — from the tasks' known fixes, and a `copy_fraction` share of random copy
     episodes — packed `per_sequence` to an example after the `system` message (when given: the session's
-    system prompt and tool list, so the model learns to copy with the context it will have); `compound` is
-    `random_edit`'s; see the module docstring."""
+    system prompt and tool list, so the model learns to copy with the context it will have); see the module
+    docstring."""
     if per_sequence < 1:
         raise ValueError(f"per_sequence must be >= 1, got {per_sequence}")
     pool = [t for t in tasks if t.solution]
@@ -269,7 +219,7 @@ def make_drills(tasks: list[Task], num_drills: int, chat, seed: int = 0, copy_fr
     while episode < num_drills:
         messages = list(head)
         for _ in range(min(per_sequence, num_drills - episode)):
-            turns = copy_episode(rng, compound) if rng.random() < copy_fraction else \
+            turns = copy_episode(rng) if rng.random() < copy_fraction else \
                 task_episode(pool[order[episode % len(pool)]], rng)
             if turns is None:
                 raise ValueError("drills need tasks with a known `solution` whose fix takes tool arguments")
