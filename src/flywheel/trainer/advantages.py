@@ -17,7 +17,8 @@ learning signal and only its KL term (if any) contributes.
 estimator as published, 0 keeps only the sessions that beat their group (a policy-gradient form of
 rejection-sampling fine-tuning). Why: the failed sessions push down every token they sampled, correct
 copies included, and a small policy whose greedy answer rests on a few exact copies loses some of them;
-on the demo's strong bases weights 1 and 0.5 lowered greedy pass@1, 0 did not (docs/benchmarks.md).
+on the demo's strong bases weights 1 and 0.5 lowered greedy pass@1 by 3-5 points, 0 moved it +7, -1
+and -4 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
