@@ -238,6 +238,9 @@ class NumericsConfig(Section):
     batch_invariant: bool = Field(
         False, description="engine and trainer compute each token's log-prob with one reduction order "
                            "(bit-identical log-probs; Qwen3 / Qwen3-MoE, float32)")
+    fp32_lm_head: bool = Field(
+        True, description="engine and trainer compute the logits (the LM head) in float32 whatever the model "
+                          "dtype: bf16 logits are the largest train-inference mismatch (numerics/lm_head.py)")
 
 
 class FlywheelConfig(Section):

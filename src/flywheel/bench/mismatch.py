@@ -16,9 +16,12 @@ on the random-init tiny-moe and on a tiny-moe TRAINED here (`_train_moe`: next-t
 synthetic corpus, so routers have learned, uneven gates and near-ties like a real MoE). The headline
 `replay_k3_reduction_moe` = k3(bf16 sampler, trainer on the same bf16 weights, routing freely) / k3(same
 samples, trainer replays the sampler's experts), on the trained model with prompts from its training
-distribution — the production setting, where engine and trainer hold the same bf16 weights and differ only
-in kernels and batching. `replay_k3_reduction_moe_fp32_trainer` is the same ratio with the fp32 trainer,
-whose every op also differs from the sampler's by bf16 rounding;
+distribution, both sides computing the logits in fp32 (`numerics.fp32_lm_head`, the default) — the
+production setting, where engine and trainer hold the same bf16 weights and differ only in kernels and
+batching. `replay_k3_reduction_moe_bf16_head` is the same with bf16 logits (their rounding is most of what
+replay leaves); `replay_k3_reduction_moe_fp32_trainer` the same ratio with the fp32 trainer, whose every op
+also differs from the sampler's by bf16 rounding; `fp32_head_engine_cost_moe` the bf16 engine's tokens/s
+cost of fp32 logits;
 `routing_flip_frac_moe` is the fraction of generated (token, layer) pairs whose experts in the trainer's
 free forward differ from the sampler's. `replay_expert_agreement` (experts the trainer forward actually
 used == the sampler's, with replay) must be 1.0. One torch thread (tiny models on a shared machine).
@@ -40,6 +43,7 @@ import torch
 
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.inference.local import LocalEngine
+from flywheel.numerics.lm_head import use_fp32_lm_head
 from flywheel.policy.model import build_model
 from flywheel.trainer.replay import record_routing, router_replay
 from flywheel.trainer.train import Trainer
@@ -103,15 +107,35 @@ def _train_moe(model, num_steps: int, seed: int = 0) -> list[float]:
     return losses
 
 
-def _replay_mismatch(model, prompts, params) -> dict:
-    """bf16 sampler (a bfloat16 copy of `model` in the engine) vs the fp32 trainer, routing freely and
-    with router replay: k3, max |d log p|, used-expert agreement."""
+def _replay_mismatch(model, prompts, params, repeats: int = 1) -> dict:
+    """bf16 sampler (a bfloat16 copy of `model` in the engine) vs the trainer, routing freely and with router
+    replay: k3, max |d log p|, used-expert agreement. The trainer holds the fp32 weights, or the same bf16
+    weights; and both sides compute the LM head in bf16, or in fp32 (`numerics.fp32_lm_head`, the default),
+    each with its own samples. Engine tokens/s of the two heads: medians of `repeats` interleaved serves."""
     m16 = copy.deepcopy(model).to(torch.bfloat16)
-    g16, _ = _serve(m16, prompts, params, batch_invariant=False)
-    t16 = _trajectories(prompts, g16)
+    m16h = use_fp32_lm_head(copy.deepcopy(m16))
+    tps: dict[str, list[float]] = {"bf16_head": [], "fp32_head": []}
+    gens = {}
+    for _ in range(repeats):
+        for name, m in (("bf16_head", m16), ("fp32_head", m16h)):
+            g, t = _serve(m, prompts, params, batch_invariant=False)
+            tps[name].append(t)
+            gens.setdefault(name, g)
+    t16, t16h = _trajectories(prompts, gens["bf16_head"]), _trajectories(prompts, gens["fp32_head"])
     free, rep = _step(model, t16, False, False), _step(model, t16, True, False)
-    free16, rep16 = _step(m16, t16, False, False), _step(m16, t16, True, False)
-    used = _used_expert_agreement(model, prompts, g16)
+    used = _used_expert_agreement(model, prompts, gens["bf16_head"])
+
+    def same_weights(m, trajs) -> dict:
+        """The trainer forward on the sampler's own bf16 weights (FSDP/Megatron-style bf16 params): only the
+        kernels and batching differ from the sampler, as between vLLM and a bf16 trainer in production."""
+        f, r = _step(m, trajs, False, False), _step(m, trajs, True, False)
+        return {"k3_default": f["mismatch/k3"], "k3_router_replay": r["mismatch/k3"],
+                "max_abs_dlogp_default": f["mismatch/max_abs_diff"],
+                "max_abs_dlogp_router_replay": r["mismatch/max_abs_diff"],
+                "routing_flip_frac": 1.0 - f["router_agreement"],
+                "k3_reduction": _ratio(f["mismatch/k3"], r["mismatch/k3"])}
+
+    head_tps = {k: statistics.median(v) for k, v in tps.items()}
     return {
         "default": {"k3": free["mismatch/k3"], "max_abs_dlogp": free["mismatch/max_abs_diff"],
                     "used_expert_agreement": used["default"]},
@@ -119,13 +143,11 @@ def _replay_mismatch(model, prompts, params) -> dict:
                           "used_expert_agreement": used["replay"]},
         "routing_flip_frac": 1.0 - used["default"],
         "k3_reduction": _ratio(free["mismatch/k3"], rep["mismatch/k3"]),
-        # the trainer forward on the same bfloat16 weights (FSDP/Megatron-style bf16 params): only the
-        # kernels and batching differ from the sampler, as between vLLM and a bf16 trainer in production
-        "bf16_trainer": {"k3_default": free16["mismatch/k3"], "k3_router_replay": rep16["mismatch/k3"],
-                         "max_abs_dlogp_default": free16["mismatch/max_abs_diff"],
-                         "max_abs_dlogp_router_replay": rep16["mismatch/max_abs_diff"],
-                         "k3_reduction": _ratio(free16["mismatch/k3"], rep16["mismatch/k3"])},
-        "num_generated_tokens": sum(len(g.token_ids) for g in g16),
+        "bf16_trainer": same_weights(m16, t16),
+        "bf16_trainer_fp32_head": same_weights(m16h, t16h),
+        "engine_tokens_per_s": head_tps, "engine_tokens_per_s_runs": tps,
+        "fp32_head_engine_cost": 1 - head_tps["fp32_head"] / head_tps["bf16_head"],
+        "num_generated_tokens": sum(len(g.token_ids) for g in gens["bf16_head"]),
     }
 
 
@@ -133,7 +155,7 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def _trained_moe(quick: bool) -> dict:
+def _trained_moe(quick: bool, repeats: int = 1) -> dict:
     """Router replay on a tiny-moe trained on synthetic text, sampled on prompts from that text."""
     model = build_model(ModelConfig(preset="tiny-moe", max_seq_len=1024), vocab_size=VOCAB)
     num_steps = 60 if quick else 300
@@ -146,7 +168,7 @@ def _trained_moe(quick: bool) -> dict:
     text = _synthetic_text(num, hi, g)
     prompts = [text[i, :rng.randint(lo, hi)].tolist() for i in range(num)]
     params = [SamplingParams(temperature=1.0, max_new_tokens=new, seed=i) for i in range(num)]
-    out = _replay_mismatch(model, prompts, params)
+    out = _replay_mismatch(model, prompts, params, repeats)
     out.update({"train_steps": num_steps, "train_s": train_s, "loss_first": losses[0],
                 "loss_last": sum(losses[-10:]) / len(losses[-10:])})
     return out
@@ -238,7 +260,7 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
               "num_sessions": len(prompts), "num_generated_tokens": sum(len(g.token_ids) for g in gens["default"])}
     if moe:  # a bfloat16 sampler (as inference engines run) against the fp32 trainer: routing flips
         result["bf16_sampler"] = _replay_mismatch(model, prompts, params)  # random-init model
-        result["bf16_sampler_trained"] = _trained_moe(quick)
+        result["bf16_sampler_trained"] = _trained_moe(quick, repeats)
     return result
 
 
@@ -254,6 +276,7 @@ def run(args) -> dict:
     dense, moe = presets["tiny"]["modes"], presets["tiny-moe"]["modes"]
     k3_fp32 = moe["router_replay"]["k3"]
     trained, rand = presets["tiny-moe"]["bf16_sampler_trained"], presets["tiny-moe"]["bf16_sampler"]
+    head32, head16 = trained["bf16_trainer_fp32_head"], trained["bf16_trainer"]
     summary = {
         "bi_max_abs_dlogp_dense": dense["batch_invariant"]["max_abs_dlogp"],
         "bi_max_abs_dlogp_moe": moe["batch_invariant"]["max_abs_dlogp"],
@@ -272,9 +295,14 @@ def run(args) -> dict:
         "bi_engine_cost_cpu_moe": moe["batch_invariant"]["engine_cost_cpu"],
         "replay_expert_agreement": min(trained["router_replay"]["used_expert_agreement"],
                                        rand["router_replay"]["used_expert_agreement"]),
-        "replay_k3_reduction_moe": trained["bf16_trainer"]["k3_reduction"],
-        "k3_moe_bf16_free": trained["bf16_trainer"]["k3_default"],
-        "k3_moe_bf16_replay": trained["bf16_trainer"]["k3_router_replay"],
+        "replay_k3_reduction_moe": head32["k3_reduction"],
+        "k3_moe_bf16_free": head32["k3_default"],
+        "k3_moe_bf16_replay": head32["k3_router_replay"],
+        "routing_flip_frac_moe_fp32_head": head32["routing_flip_frac"],
+        "replay_k3_reduction_moe_bf16_head": head16["k3_reduction"],
+        "k3_moe_bf16_head_free": head16["k3_default"],
+        "k3_moe_bf16_head_replay": head16["k3_router_replay"],
+        "fp32_head_engine_cost_moe": trained["fp32_head_engine_cost"],
         "replay_k3_reduction_moe_fp32_trainer": trained["k3_reduction"],
         "k3_moe_bf16_sampler_fp32_trainer_free": trained["default"]["k3"],
         "k3_moe_bf16_sampler_fp32_trainer_replay": trained["router_replay"]["k3"],

@@ -1,6 +1,6 @@
 """Benchmark: the same RL config in `sync` and `async` mode, same number of trainer steps, one run.
 
-    flywheel bench pipeline --out benchmarks/results/pipeline.json [--quick]
+    flywheel bench pipeline --out benchmarks/results/pipeline.json [--quick] [--set trainer.correction=none ...]
 
 With `--backend ray`, the async run is repeated on the Ray backend (same config, same machine) and
 `summary.ray_over_local_wall` compares the two.
@@ -22,14 +22,25 @@ CONFIG = "configs/demo.toml"
 STEPS, QUICK_STEPS = 16, 4  # trainer steps of each run (the demo's own RL runs longer)
 
 
-def _config(run_dir: Path, mode: str, quick: bool, backend: str):
+def _settings(pairs: list[str] | None) -> list[str]:
+    """`--set trainer.correction=none` pairs as config overrides (`--trainer.correction none`)."""
+    out = []
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set {pair!r}: expected SECTION.KEY=VALUE, e.g. --set trainer.correction=none")
+        out += [f"--{key.strip()}", value]
+    return out
+
+
+def _config(run_dir: Path, mode: str, quick: bool, backend: str, settings: list[str] = ()):
     from flywheel.config import load_config
 
-    overrides = ["--run_dir", str(run_dir), "--orchestrator.mode", mode, "--orchestrator.backend", backend,
+    overrides = [*settings, "--run_dir", str(run_dir), "--orchestrator.mode", mode, "--orchestrator.backend", backend,
                  "--trainer.num_steps", str(QUICK_STEPS if quick else STEPS)]
     if quick:
         overrides += ["--eval.num_tasks", "20", "--synth.num_heldout", "20", "--midtrain.num_transcripts", "200"]
-    return load_config(CONFIG, overrides)
+    return load_config(CONFIG, overrides)  # the bench's own keys come last and win
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -39,7 +50,8 @@ def run(args: argparse.Namespace) -> dict:
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
 
     root = Path("runs/bench-pipeline-quick" if args.quick else "runs/bench-pipeline")
-    base_cfg = _config(root / "base", "async", args.quick, "local")
+    settings = _settings(getattr(args, "set", None))
+    base_cfg = _config(root / "base", "async", args.quick, "local", settings)
     train, heldout = prepare_tasks(base_cfg, root / "base")
     if getattr(args, "base", None):
         from flywheel.policy.tokenizer import load_tokenizer
@@ -53,7 +65,8 @@ def run(args: argparse.Namespace) -> dict:
         tokenizer = prepare_tokenizer(base_cfg, root / "base", train)
         base = midtrain(base_cfg, root / "base", tokenizer, train)
         tokenizer_dir = root / "base" / "tokenizer"
-    result: dict = {"config": CONFIG, "quick": bool(args.quick), "backend": args.backend, "base": str(base),
+    result: dict = {"config": CONFIG, "settings": list(getattr(args, "set", None) or []), "quick": bool(args.quick),
+                    "backend": args.backend, "base": str(base),
                     "num_steps": base_cfg.trainer.num_steps, "num_heldout": len(heldout)}
     runs = [("sync", "sync", "local"), ("async", "async", "local")]
     if args.backend == "ray":
@@ -61,7 +74,7 @@ def run(args: argparse.Namespace) -> dict:
     for name, mode, backend in runs:
         run_dir = root / name
         shutil.rmtree(run_dir, ignore_errors=True)
-        cfg = _config(run_dir, mode, args.quick, backend)
+        cfg = _config(run_dir, mode, args.quick, backend, settings)
         rl = run_rl(cfg, run_dir, base, tokenizer_dir, train)
         ev = evaluate_model(cfg, run_dir / "final_model", tokenizer, heldout, run_dir / "cache" / "eval")
         result[name] = {"wall_s": rl["wall_s"], "trainer_busy": rl["trainer_busy"], "steps": rl["steps"],

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from flywheel.numerics import attention as bi_attention
 from flywheel.numerics.kv_pool import KVPool
+from flywheel.numerics.lm_head import has_fp32_lm_head
 
 ROW_TILE = 8  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
 GPU_ROW_TILE = 128  # CUDA: every matmul is exactly [GPU_ROW_TILE, K] @ [K, N]
@@ -181,7 +182,10 @@ class Qwen3Runner:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = rms_norm(h, self.model.model.norm.weight, self.model.model.norm.variance_epsilon)
         head = self.model.lm_head
-        return linear(h, head.weight, getattr(head, "bias", None)).float()
+        bias = getattr(head, "bias", None)
+        if has_fp32_lm_head(head):  # numerics.fp32_lm_head: bf16 logits are the main train-inference mismatch
+            return linear(h.float(), head.weight.float(), None if bias is None else bias.float())
+        return linear(h, head.weight, bias).float()
 
     # ---- public ------------------------------------------------------------------------------------
 

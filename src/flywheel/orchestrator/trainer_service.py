@@ -29,6 +29,7 @@ class TrainerService:
     """Trainer + Publisher + store: everything the loop asks of the trainer side (a plain class)."""
 
     def __init__(self, config: dict, run_dir: str, base_model_dir: str, resume: bool = False):
+        from flywheel.numerics.lm_head import use_fp32_lm_head
         from flywheel.policy.model import load_model
         from flywheel.trainer import checkpoint as ckpt
         from flywheel.trainer.train import Trainer
@@ -37,7 +38,7 @@ class TrainerService:
 
         cfg = FlywheelConfig.model_validate(config)
         run_dir_p = Path(run_dir)
-        model = load_model(Path(base_model_dir), cfg.model.dtype)
+        model = use_fp32_lm_head(load_model(Path(base_model_dir), cfg.model.dtype), cfg.numerics.fp32_lm_head)
         # the KL anchor is the policy RL started from: a frozen copy of the base model, taken before a resume
         # loads the checkpoint's weights into `model` (a copy in memory, not a second read of the directory)
         ref_model = copy.deepcopy(model) if cfg.trainer.kl_coef > 0 else None

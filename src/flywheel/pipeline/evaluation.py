@@ -24,11 +24,13 @@ async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task
     from flywheel.envs.env import CodingEnv
     from flywheel.inference.local import build_engine
     from flywheel.pipeline.midtrain import chat_format
+    from flywheel.numerics.lm_head import use_fp32_lm_head
     from flywheel.policy.model import load_model
     from flywheel.rollout.evaluate import evaluate
     from flywheel.rollout.worker import RolloutWorker
 
-    engine = build_engine(cfg.inference, load_model(model_dir, cfg.model.dtype), tokenizer, cfg.numerics.batch_invariant)
+    model = use_fp32_lm_head(load_model(model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
+    engine = build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant)
     await engine.start()
     try:
         rollout = cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})

@@ -1,0 +1,92 @@
+"""numerics.fp32_lm_head: float32 logits from bf16 models, in the HF forward and the native engine alike."""
+
+import asyncio
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flywheel.config import ModelConfig, TrainerConfig
+from flywheel.inference.local import LocalEngine
+from flywheel.numerics.lm_head import has_fp32_lm_head, use_fp32_lm_head
+from flywheel.policy.model import build_model
+from flywheel.trainer.train import Trainer
+from flywheel.types import Reward, SamplingParams, Segment, Trajectory
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def bf16_moe():
+    model = build_model(ModelConfig(preset="tiny-moe", max_seq_len=256), vocab_size=VOCAB)
+    with torch.no_grad():  # logits of a trained model's size (a random init's are ~0.01, under bf16's step)
+        model.model.norm.weight.mul_(40.0)
+    return model.to(torch.bfloat16)
+
+
+def _on_bf16_grid(x: torch.Tensor) -> bool:
+    return bool((x.to(torch.bfloat16).float() == x).all())
+
+
+def test_hf_forward_gives_fp32_logits_of_the_bf16_hidden_state(bf16_moe):
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
+    plain = bf16_moe(input_ids=ids).logits
+    fp32 = use_fp32_lm_head(copy.deepcopy(bf16_moe))
+    assert has_fp32_lm_head(fp32.lm_head) and not has_fp32_lm_head(bf16_moe.lm_head)
+    with torch.no_grad():
+        h = fp32.model(input_ids=ids).last_hidden_state
+        logits = fp32(input_ids=ids).logits
+    assert plain.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    assert torch.equal(logits, F.linear(h.float(), fp32.lm_head.weight.float()))
+    assert not _on_bf16_grid(logits)
+    assert torch.allclose(plain.float(), logits, rtol=2 ** -7, atol=1e-3)  # the same logits, minus bf16 rounding
+    assert list(fp32.state_dict()) == list(bf16_moe.state_dict())  # checkpoints and weight sync unchanged
+
+
+def test_autocast_trainer_keeps_the_head_in_fp32():
+    model = use_fp32_lm_head(build_model(ModelConfig(preset="tiny", max_seq_len=64), vocab_size=VOCAB))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=torch.arange(16).view(1, 16))
+    assert out.logits.dtype == torch.float32
+
+
+def test_deepcopy_keeps_the_fp32_head_bound_to_its_own_weights(bf16_moe):
+    a = use_fp32_lm_head(copy.deepcopy(bf16_moe))
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        b.lm_head.weight.zero_()  # tied to b's embeddings: b now predicts all-zero logits, a does not
+    ids = torch.arange(8).view(1, 8)
+    assert has_fp32_lm_head(b.lm_head)
+    assert b(input_ids=ids).logits.abs().max() == 0 and a(input_ids=ids).logits.abs().max() > 0
+
+
+def test_engine_and_trainer_mismatch_falls_with_the_fp32_head(bf16_moe):
+    """The engine's native runner honours the head too: its sampled log-probs are no longer on the bf16 grid,
+    and the trainer (same bf16 weights, router replay) agrees with them more closely than with a bf16 head."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, VOCAB, (30 + 7 * i,), generator=gen).tolist() for i in range(16)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=32, seed=i) for i in range(len(prompts))]
+    k3 = {}
+    for fp32 in (False, True):
+        model = use_fp32_lm_head(copy.deepcopy(bf16_moe), fp32)
+
+        async def serve():
+            async with LocalEngine(model, max_seq_len=256) as engine:
+                return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
+        gens = asyncio.run(serve())
+        trajs = [Trajectory(task_id="t", group_id=f"g{i % 2}", reward=Reward(value=float(i % 2)), segments=[Segment(
+            token_ids=p + g.token_ids, loss_mask=[0] * len(p) + [1] * len(g.token_ids),
+            logprobs=[0.0] * len(p) + g.logprobs, versions=[0] * (len(p) + len(g.token_ids)),
+            routed_experts=[[] for _ in p] + g.routed_experts)]) for i, (p, g) in enumerate(zip(prompts, gens))]
+        metrics = Trainer(copy.deepcopy(model), TrainerConfig(lr=1e-6, router_replay=True)).step(trajs)
+        k3[fp32] = metrics["mismatch/k3"]
+    assert k3[False] > 0 and k3[True] < k3[False] / 2
+
+
+def test_a_model_without_a_linear_head_is_refused():
+    class NoHead(torch.nn.Module):
+        lm_head = None
+    with pytest.raises(ValueError, match="numerics.fp32_lm_head = false"):
+        use_fp32_lm_head(NoHead())
+    assert use_fp32_lm_head(NoHead(), enabled=False) is not None
