@@ -240,7 +240,8 @@ class NumericsConfig(Section):
                            "(bit-identical log-probs; Qwen3 / Qwen3-MoE, float32)")
     fp32_lm_head: bool = Field(
         True, description="engine and trainer compute the logits (the LM head) in float32 whatever the model "
-                          "dtype: bf16 logits are the largest train-inference mismatch (numerics/lm_head.py)")
+                          "dtype: bf16 rounding of the logits is most of the mismatch router replay leaves "
+                          "(numerics/lm_head.py)")
 
 
 class FlywheelConfig(Section):

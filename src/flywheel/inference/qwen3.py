@@ -183,7 +183,7 @@ class Qwen3Runner:
         h = rms_norm(h, self.model.model.norm.weight, self.model.model.norm.variance_epsilon)
         head = self.model.lm_head
         bias = getattr(head, "bias", None)
-        if has_fp32_lm_head(head):  # numerics.fp32_lm_head: bf16 logits are the main train-inference mismatch
+        if has_fp32_lm_head(head):  # numerics.fp32_lm_head (numerics/lm_head.py)
             return linear(h.float(), head.weight.float(), None if bias is None else bias.float())
         return linear(h, head.weight, bias).float()
 

@@ -6,10 +6,10 @@
 Why: in bfloat16 a logit of magnitude 8 is rounded to a step of 1/16. Engine and trainer reach the final hidden
 state by different reduction orders (a decode step with a KV cache vs one full-sequence pass), so their
 unrounded logits differ in the last bits and the bf16 rounding then turns that into whole steps of 1/32–1/16 on
-many vocabulary entries: the largest single source of train–inference log-prob mismatch in a bf16 model
-(MiniMax-M1 traced their mismatch to the LM head and fixed it with an fp32 head). Computing `h @ W_headᵀ` in
-float32 (bf16 weights and hidden state upcast, nothing else changed) removes it: measured on the trained
-tiny-moe of `flywheel bench mismatch`, k3 with router replay falls 4.6× (docs/numerics.md).
+many vocabulary entries at once (the MiniMax-M1 report describes the same mismatch and the same fix). Computing
+`h @ W_headᵀ` in float32 (bf16 weights and hidden state upcast, nothing else changed) removes that part:
+measured on the trained tiny-moe of `flywheel bench mismatch`, it was 78 % of the k3 that router replay leaves
+(k3 with replay falls 4.6×; docs/numerics.md).
 
 How: the head module's `forward` is replaced on the instance (its type, parameters and state-dict keys stay, so
 checkpoints, weight sync and tied embeddings are untouched) by an fp32 `F.linear` with autocast off, and the
@@ -35,9 +35,9 @@ def _fp32_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def use_fp32_lm_head(model: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
     """Make `model.lm_head` compute its logits in float32 (or, with `enabled=False`, leave it alone)."""
-    head = getattr(model, "lm_head", None)
     if not enabled:
         return model
+    head = getattr(model, "lm_head", None)
     if not isinstance(head, torch.nn.Linear):
         raise ValueError(f"numerics.fp32_lm_head needs a model whose `lm_head` is an nn.Linear, got "
                          f"{type(head).__name__}; set numerics.fp32_lm_head = false for this model")
