@@ -1,18 +1,16 @@
 """numerics.fp32_lm_head: float32 logits from bf16 models, in the HF forward and the native engine alike."""
 
-import asyncio
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from flywheel.config import ModelConfig, TrainerConfig
-from flywheel.inference.local import LocalEngine
+from flywheel.bench.mismatch import _serve, _step, _trajectories
+from flywheel.config import ModelConfig
 from flywheel.numerics.lm_head import has_fp32_lm_head, use_fp32_lm_head
 from flywheel.policy.model import build_model
-from flywheel.trainer.train import Trainer
-from flywheel.types import Reward, SamplingParams, Segment, Trajectory
+from flywheel.types import SamplingParams
 
 VOCAB = 512
 
@@ -68,19 +66,10 @@ def test_engine_and_trainer_mismatch_falls_with_the_fp32_head(bf16_moe):
     prompts = [torch.randint(0, VOCAB, (30 + 7 * i,), generator=gen).tolist() for i in range(16)]
     params = [SamplingParams(temperature=1.0, max_new_tokens=32, seed=i) for i in range(len(prompts))]
     k3 = {}
-    for fp32 in (False, True):
+    for fp32 in (False, True):  # serve, then one trainer step with router replay: the benchmark's own helpers
         model = use_fp32_lm_head(copy.deepcopy(bf16_moe), fp32)
-
-        async def serve():
-            async with LocalEngine(model, max_seq_len=256) as engine:
-                return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
-        gens = asyncio.run(serve())
-        trajs = [Trajectory(task_id="t", group_id=f"g{i % 2}", reward=Reward(value=float(i % 2)), segments=[Segment(
-            token_ids=p + g.token_ids, loss_mask=[0] * len(p) + [1] * len(g.token_ids),
-            logprobs=[0.0] * len(p) + g.logprobs, versions=[0] * (len(p) + len(g.token_ids)),
-            routed_experts=[[] for _ in p] + g.routed_experts)]) for i, (p, g) in enumerate(zip(prompts, gens))]
-        metrics = Trainer(copy.deepcopy(model), TrainerConfig(lr=1e-6, router_replay=True)).step(trajs)
-        k3[fp32] = metrics["mismatch/k3"]
+        gens, _ = _serve(model, prompts, params, batch_invariant=False)
+        k3[fp32] = _step(model, _trajectories(prompts, gens), replay=True, bi=False)["mismatch/k3"]
     assert k3[False] > 0 and k3[True] < k3[False] / 2
 
 
