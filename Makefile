@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/flywheel demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not gpu" --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not gpu and not ray" $(PYTEST_ARGS)

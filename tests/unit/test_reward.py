@@ -239,3 +239,15 @@ def test_grading_never_follows_planted_links_or_blocks_on_fifos(tmp_path):
     r = grade(t, ws, EnvConfig())
     assert list(outside.iterdir()) == []  # nothing written through the link
     assert r.components["tests"] == 1.0 and r.flags == ["tests_edited"]  # the visible test file was "deleted"
+
+
+def test_unsubmitted_withholds_the_positive_part_and_keeps_penalties():
+    from flywheel.envs.reward import unsubmitted
+    from flywheel.types import Reward
+
+    ok = Reward(1.0, {"tests": 1.0, "penalty": 0.0}, [], {"t": "passed"})
+    assert unsubmitted(ok).value == 0.0 and unsubmitted(ok).tests == {"t": "passed"}
+    assert unsubmitted(ok).components == {"tests": 1.0, "penalty": 0.0, "not_submitted": 1.0}
+    assert ok.components == {"tests": 1.0, "penalty": 0.0}  # the input is not changed
+    cheat = Reward(-1.0, {"tests": 0.0, "penalty": -1.0}, ["tests_edited"])
+    assert unsubmitted(cheat).value == -1.0 and unsubmitted(cheat).flags == ["tests_edited"]

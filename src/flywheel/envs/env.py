@@ -122,6 +122,10 @@ class CodingEnv:
                 else:
                     score = asyncio.run(coro)
                 reward = combine(reward, score, self.cfg)
+            if self.cfg.require_submit and not self.done:
+                from flywheel.envs.reward import unsubmitted
+
+                reward = unsubmitted(reward)
             self.reward = reward
         return self.reward
 

@@ -342,6 +342,15 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
     return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status)
 
 
+def unsubmitted(reward: Reward) -> Reward:
+    """`reward` of a session that ended without `submit` under `env.require_submit`: the positive part is
+    withheld (a penalty stays), the test results stay for the logs, and `components["not_submitted"]` marks it
+    so evaluation does not count it as solved. Why: when the turn limit grades whatever is on disk, RL can learn
+    never to submit and to fill the turns with edits — one that lands can break a correct fix."""
+    return Reward(value=min(reward.value, 0.0), components=dict(reward.components, not_submitted=1.0),
+                  flags=list(reward.flags), tests=dict(reward.tests))
+
+
 def _quote(s: str) -> str:
     import shlex
 

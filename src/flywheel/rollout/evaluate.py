@@ -5,7 +5,8 @@
 
 pass@k uses the unbiased estimator of Chen et al. (2021): with n samples of which c pass,
 pass@k = 1 - C(n-c, k) / C(n, k), averaged over tasks. A task passes a sample when its reward
-components say every hidden test passed (`tests == 1.0`), whatever the anti-cheat penalty.
+components say every hidden test passed (`tests == 1.0`), whatever the anti-cheat penalty, and (under
+`env.require_submit`) the session submitted.
 Sessions that failed outside the policy are excluded from n and counted.
 """
 
@@ -31,7 +32,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def solved(traj: Trajectory) -> bool:
-    return traj.reward is not None and traj.reward.components.get("tests", traj.reward.value) >= 1.0
+    r = traj.reward
+    return r is not None and not r.components.get("not_submitted") and r.components.get("tests", r.value) >= 1.0
 
 
 @dataclass
