@@ -210,6 +210,8 @@ class MidtrainConfig(Section):
                                      "training sequence after the session's system prompt and tool list")
     imperfect_fraction: float = Field(0.3, ge=0, le=1, description="transcripts with a detour (a failed edit, an extra view)")
     failed_fraction: float = Field(0.2, ge=0, le=1, description="transcripts that submit without a correct fix")
+    failed_giveup_share: float = Field(0.5, ge=0, le=1, description="of the failed transcripts, the share that gives "
+                                       "up without an edit; the rest submit a fix with one character wrong")
     lr: float = Field(2e-3, gt=0, le=1, description="AdamW learning rate")
     num_epochs: int = Field(2, ge=1, le=1000, description="passes over the transcripts")
     num_steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as num_epochs takes")

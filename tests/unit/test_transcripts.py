@@ -33,6 +33,13 @@ def test_scripted_kinds_grade_as_intended(tasks, tmp_path):
             assert env.grade().value == want, kind
 
 
+@pytest.mark.parametrize("share, edits", [(1.0, 0), (0.0, 1)])
+def test_failed_giveup_share_picks_how_a_failed_session_fails(tasks, share, edits):
+    for seed in range(5):
+        calls = scripted_actions(tasks[0], "failed", random.Random(seed), giveup_share=share)
+        assert [c.name for c in calls].count("str_replace") == edits and calls[-1].name == "submit"
+
+
 def test_transcript_mask_covers_exactly_the_assistant_turns(chat, tasks, tmp_path):
     with CodingEnv(ENV, tmp_path) as env:
         messages = run_script(env, tasks[1], scripted_actions(tasks[1], "oracle", random.Random(0)))

@@ -40,8 +40,9 @@ def _corrupt(text: str, rng: random.Random) -> str:
     return text[:i] + ("_" if text[i] != "_" else "-") + text[i + 1:]
 
 
-def scripted_actions(task: Task, kind: str, rng: random.Random) -> list[ToolCall]:
-    """Tool calls for a session of `kind`: 'oracle', 'detour' or 'failed'."""
+def scripted_actions(task: Task, kind: str, rng: random.Random, giveup_share: float = 0.5) -> list[ToolCall]:
+    """Tool calls for a session of `kind`: 'oracle', 'detour' or 'failed' (a `giveup_share` of failed sessions
+    give up without editing, the rest submit a fix with one character wrong)."""
     from flywheel.envs.synth import oracle_actions
 
     calls = oracle_actions(task)
@@ -52,7 +53,7 @@ def scripted_actions(task: Task, kind: str, rng: random.Random) -> list[ToolCall
         detour = [wrong] if rng.random() < 0.5 else [ToolCall("run_tests", {})]
         calls = calls[:edit] + detour + calls[edit:]
     elif kind == "failed" and edit is not None:
-        if rng.random() < 0.5:
+        if rng.random() < giveup_share:
             calls = calls[:edit] + calls[edit + 1:]  # gives up without editing
         else:
             args = dict(calls[edit].arguments)
@@ -86,7 +87,7 @@ def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: 
         kind = "failed" if u < cfg.failed_fraction else "detour" if u < cfg.failed_fraction + cfg.imperfect_fraction else "oracle"
         env = env_factory()
         try:
-            messages = run_script(env, task, scripted_actions(task, kind, rng))
+            messages = run_script(env, task, scripted_actions(task, kind, rng, cfg.failed_giveup_share))
         finally:
             env.close()
         examples.append(render_transcript(chat, messages))
