@@ -218,6 +218,8 @@ class MidtrainConfig(Section):
     warmup_steps: int = Field(10, ge=0, description="linear learning-rate warmup (optimizer steps)")
     batch_tokens: int = Field(8192, ge=64, description="tokens per optimizer step")
     seed: int = Field(0, ge=0, description="seed for transcript sampling and shuffling")
+    num_threads: int = Field(0, ge=0, le=1024, description="torch threads while mid-training; 0 = all cores "
+                             "(set 1 per job when jobs share a machine: OpenMP threads spin against each other)")
 
 
 class EvalConfig(Section):

@@ -10,6 +10,7 @@ the base policy RL starts from; it is saved as a plain HF checkpoint.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -32,11 +33,22 @@ def chat_format(tokenizer, env_cfg):
     return ChatFormat(tokenizer, tools_for(env_cfg))
 
 
+@contextmanager
+def torch_threads(n: int):
+    """Run the block with `n` torch threads (0 = one per core), then restore the previous count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
              on_progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
-    import torch
-
     from flywheel.envs.env import system_prompt
     from flywheel.pipeline.transcripts import make_drills, make_transcripts
     from flywheel.policy.chat import ChatFormat
@@ -62,11 +74,11 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
                          system=system_prompt(cfg.env), per_sequence=m.drills_per_sequence)
     model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id)
-    # Nothing else runs while the model trains here (the job keeps one torch thread for the RL stage, where
-    # the engine's process shares the cores): all of them, 1.25x the tokens/s of one on this 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
+    # Nothing else of this job runs while the model trains here (it keeps one torch thread for the RL stage,
+    # where the engine's process shares the cores): all cores, 1.25x the tokens/s of one on this 2-core
+    # machine. Two jobs side by side want `num_threads = 1` each: two jobs of two OpenMP threads on two
+    # cores spin against each other and ran 8x slower here, not 2x.
+    with torch_threads(m.num_threads):
         common = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps)
         if bare:
             sft_train(model, bare, SFTParams(num_steps=m.drill_steps, batch_tokens=m.drill_batch_tokens, **common),
@@ -75,8 +87,6 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
             sft_train(model, examples + drills,
                       SFTParams(num_epochs=m.num_epochs, num_steps=m.num_steps, batch_tokens=m.batch_tokens, **common),
                       progress=(lambda i, total, _: on_progress("midtrain sessions", i, total)) if on_progress else None)
-    finally:
-        torch.set_num_threads(threads)
     save_model(model, out)
     tokenizer.save_pretrained(out)
     return out
