@@ -9,6 +9,7 @@ once on the held-out tasks; each test then runs the job with `model.path` pointi
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +32,11 @@ class DemoBase:
                                               "--tokenizer.path", str(self.tokenizer_dir), *extra])
 
     def seed_summary(self, run_dir: Path) -> None:
-        """Start `run_dir`'s summary with the base's score, so the job skips its own eval-before stage."""
+        """Start `run_dir`'s summary and eval_before.jsonl with the base's scores, so the job skips its own
+        eval-before stage."""
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(json.dumps({"pass1_before": self.pass1}) + "\n")
+        shutil.copyfile(self.model_dir.parent / "eval_before.jsonl", run_dir / "eval_before.jsonl")
 
 
 @pytest.fixture(scope="session")
@@ -48,5 +51,6 @@ def demo_base(tmp_path_factory) -> DemoBase:
     train, heldout = prepare_tasks(cfg, root)
     tokenizer = prepare_tokenizer(cfg, root, train)
     model_dir = midtrain(cfg, root, tokenizer, train)
-    pass1 = evaluate_model(cfg, model_dir, tokenizer, heldout, root / "cache" / "eval").pass_at[1]
+    pass1 = evaluate_model(cfg, model_dir, tokenizer, heldout, root / "cache" / "eval",
+                           out_jsonl=root / "eval_before.jsonl").pass_at[1]
     return DemoBase(model_dir, root / "tokenizer", pass1)

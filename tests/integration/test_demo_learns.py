@@ -32,6 +32,7 @@ def test_reduced_demo_raises_heldout_pass_rate(demo_base, tmp_path):
     before, after = summary["pass1_before"], summary["pass1_after"]
     assert 0.05 <= before <= 0.6, f"the mid-trained base should solve some held-out tasks: pass@1 {before}"
     assert after >= before + MARGIN, f"held-out pass@1 {before:.2f} -> {after:.2f} after {STEPS} RL steps"
+    assert 0 < summary["pass1_gain_se"] < 0.1, summary  # paired over the 100 tasks: about 0.04 here
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert (run_dir / "report.html").exists()

@@ -1,6 +1,6 @@
 import pytest
 
-from flywheel.rollout.evaluate import pass_at_k
+from flywheel.rollout.evaluate import paired_difference, pass_at_k
 
 
 def test_pass_at_k_hand_values():
@@ -14,3 +14,24 @@ def test_pass_at_k_hand_values():
 def test_pass_at_k_rejects_bad_counts():
     with pytest.raises(ValueError, match="at least 4 samples"):
         pass_at_k(2, 1, 4)
+
+
+def _rows(rates: dict[str, tuple[int, int]]) -> list[dict]:
+    return [{"task_id": t, "n": n, "correct": c} for t, (c, n) in rates.items()]
+
+
+def test_paired_difference_hand_values():
+    after = _rows({"a": (1, 1), "b": (1, 1), "c": (0, 1), "d": (2, 4)})
+    before = _rows({"a": (0, 1), "b": (1, 1), "c": (0, 1), "d": (0, 4), "only_before": (1, 1)})
+    mean, se, m = paired_difference(after, before)
+    # per-task differences 1, 0, 0, 0.5: mean 0.375, sample variance 0.2292, SE sqrt(0.2292 / 4)
+    assert m == 4
+    assert mean == pytest.approx(0.375)
+    assert se == pytest.approx((((0.625**2 + 0.375**2 * 2 + 0.125**2) / 3) / 4) ** 0.5)
+
+
+def test_paired_difference_skips_unscored_tasks_and_needs_overlap():
+    mean, se, m = paired_difference(_rows({"a": (1, 1), "b": (0, 0)}), _rows({"a": (0, 1), "b": (1, 1)}))
+    assert (mean, se, m) == (1.0, 0.0, 1)
+    with pytest.raises(ValueError, match="share no scored task"):
+        paired_difference(_rows({"a": (1, 1)}), _rows({"z": (1, 1)}))

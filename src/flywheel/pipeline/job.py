@@ -6,7 +6,8 @@
 
 Every stage writes its result into the run directory and is skipped when that result is already there,
 so an interrupted run resumes where it stopped (RL from its checkpoint, with the admitted trajectories
-it had not trained on yet). `summary.json` holds `pass1_before` and `pass1_after`.
+it had not trained on yet). `summary.json` holds `pass1_before` and `pass1_after`, and `pass1_gain_se`:
+the standard error of the gain, paired over held-out tasks (`rollout.evaluate.paired_difference`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
     from flywheel.orchestrator.loop import run_rl
     from flywheel.pipeline.evaluation import evaluate_model
     from flywheel.pipeline.midtrain import midtrain
+    from flywheel.rollout.evaluate import paired_difference
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
 
     import torch
@@ -128,8 +130,12 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
         summary["pass1_after"] = evaluate("after", run_dir / "final_model")
         lap("eval_after")
         summary["pass1_gain"] = summary["pass1_after"] - summary["pass1_before"]
+        _, summary["pass1_gain_se"], _ = paired_difference(*(
+            [json.loads(line) for line in (run_dir / f"eval_{name}.jsonl").read_text().splitlines()]
+            for name in ("after", "before")))
         summary["wall_s"] = summary.get("wall_s", 0.0) + time.monotonic() - t0
         save_summary()
         report = write_report(run_dir)
-        progress.log(f"pass@1 before {summary['pass1_before']:.3f} → after {summary['pass1_after']:.3f}; report: {report}")
+        progress.log(f"pass@1 before {summary['pass1_before']:.3f} → after {summary['pass1_after']:.3f} "
+                     f"(gain ± {summary['pass1_gain_se']:.3f}, paired SE over tasks); report: {report}")
     return summary

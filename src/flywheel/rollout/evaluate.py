@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from math import comb
+from math import comb, sqrt
 from typing import Callable
 
 from flywheel.types import Task, Trajectory
@@ -29,6 +29,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def paired_difference(a: list[dict], b: list[dict]) -> tuple[float, float, int]:
+    """Mean per-task pass@1 of `a` minus `b` over the tasks both scored, its standard error, and that count.
+
+    Two policies evaluated on the same tasks differ less than two independent samples would: a task's
+    difficulty cancels out. The paired standard error (std of the per-task differences / sqrt(tasks)) is
+    the resolution of a before/after or sync/async comparison; a gap well inside 2 SE is noise.
+    """
+    rate_b = {r["task_id"]: r["correct"] / r["n"] for r in b if r["n"]}
+    diffs = [r["correct"] / r["n"] - rate_b[r["task_id"]] for r in a if r["n"] and r["task_id"] in rate_b]
+    m = len(diffs)
+    if m == 0:
+        raise ValueError("paired_difference: the two evaluations share no scored task")
+    mean = sum(diffs) / m
+    var = sum((d - mean) ** 2 for d in diffs) / (m - 1) if m > 1 else 0.0
+    return mean, sqrt(var / m), m
 
 
 def solved(traj: Trajectory) -> bool:
