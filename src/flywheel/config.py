@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -36,7 +36,7 @@ class ModelConfig(Section):
     path: str | None = Field(None, description="local HF checkpoint directory (safetensors); overrides `preset`")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype on load")
     max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="context length in tokens")
-    seed: int = Field(0, ge=0, description="seed for random initialisation of presets")
+    seed: int = Field(0, ge=0, description="seed for random initialisation of presets; default: the global seed")
 
 
 class TokenizerConfig(Section):
@@ -138,7 +138,7 @@ class TrainerConfig(Section):
     keep_checkpoints: int = Field(3, ge=0, description="newest checkpoints kept on disk; 0 = keep all")
     checkpoint_every: int = Field(10, ge=0, description="trainer steps between checkpoints; 0 = only at the end")
     router_replay: bool = Field(True, description="MoE: trainer forward uses the sampler's routed experts")
-    seed: int = Field(0, ge=0, description="trainer RNG seed")
+    seed: int = Field(0, ge=0, description="trainer RNG seed; default: the global seed")
 
 
 class WeightsConfig(Section):
@@ -217,7 +217,7 @@ class MidtrainConfig(Section):
     num_steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as num_epochs takes")
     warmup_steps: int = Field(10, ge=0, description="linear learning-rate warmup (optimizer steps)")
     batch_tokens: int = Field(8192, ge=64, description="tokens per optimizer step")
-    seed: int = Field(0, ge=0, description="seed for transcript sampling and shuffling")
+    seed: int = Field(0, ge=0, description="seed for transcript sampling and shuffling; default: the global seed")
     num_threads: int = Field(0, ge=0, le=1024, description="torch threads while mid-training; 0 = all cores "
                              "(set 1 per job when jobs share a machine: OpenMP threads spin against each other)")
 
@@ -255,7 +255,7 @@ class FlywheelConfig(Section):
 
     name: str = Field("run", min_length=1, description="run name")
     run_dir: str = Field("runs/run", description="directory for this run's outputs")
-    seed: int = Field(0, ge=0, description="global seed")
+    seed: int = Field(0, ge=0, description="global seed: tasks, rollouts, and every section's `seed` not set explicitly")
     tasks: str = Field("", description="training task file (JSONL); '' = synthesize")
     eval_tasks: str = Field("", description="held-out task file (JSONL); '' = synthesize")
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -271,6 +271,26 @@ class FlywheelConfig(Section):
     midtrain: MidtrainConfig = Field(default_factory=MidtrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     numerics: NumericsConfig = Field(default_factory=NumericsConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_sections(cls, data: Any) -> Any:
+        """The global `seed` seeds every section whose own `seed` is not set: `--seed 1` changes the tasks,
+        the model's initialisation, mid-training's sampling and the trainer's RNG, not the tasks alone."""
+        if not isinstance(data, dict):
+            return data
+        seed = data.get("seed", 0)
+        out = dict(data)
+        for name in SEEDED_SECTIONS:
+            section = out.get(name)
+            if section is None:
+                out[name] = {"seed": seed}
+            elif isinstance(section, dict) and "seed" not in section:
+                out[name] = {**section, "seed": seed}
+        return out
+
+
+SEEDED_SECTIONS = ("model", "trainer", "midtrain")  # sections with a `seed` of their own
 
 
 # ---------------------------------------------------------------------------------------------

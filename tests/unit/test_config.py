@@ -67,6 +67,14 @@ def test_resolved_config_saved_as_json(tmp_path):
     assert again == cfg
 
 
+def test_global_seed_seeds_sections_not_set_explicitly(tmp_path):
+    cfg = load_config(None, ["--seed", "7", "--trainer.seed", "3"])
+    assert (cfg.model.seed, cfg.midtrain.seed, cfg.trainer.seed) == (7, 7, 3)
+    assert FlywheelConfig(seed=2, midtrain={"lr": 1e-3}).midtrain.seed == 2
+    saved = FlywheelConfig.model_validate_json(save_config(cfg, tmp_path).read_text())  # a run dir's config.json
+    assert (saved.model.seed, saved.midtrain.seed, saved.trainer.seed) == (7, 7, 3)
+
+
 def test_config_reference_doc_is_current():
     from flywheel.config import reference_markdown
 
