@@ -78,8 +78,6 @@ class EnvConfig(Section):
     partial_credit: bool = Field(False, description="reward = fraction of hidden tests passed instead of all-or-nothing")
     require_submit: bool = Field(False, description="a session that ends without `submit` (at the turn, token or "
                                  "time limit) earns no positive reward and counts as unsolved; its tests still run")
-    unsubmitted_penalty: float = Field(0.0, ge=0, le=10, description="under `require_submit`, also subtracted from the "
-                                       "reward of a session that ends without `submit` (a truncation penalty)")
     cheat_penalty: float = Field(1.0, ge=0, le=10, description="reward subtracted per anti-cheat flag")
     max_tool_calls: int = Field(64, ge=1, le=100_000, description="tool calls above this raise the spam flag")
     flag_penalties: dict[Literal["tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam"], float] = \

@@ -150,21 +150,19 @@ def test_rubric_judge_is_mixed_into_grade_from_a_worker_thread(tmp_path):
     assert "+" + task.meta["new"][0] in CharTokenizer().decode(engine.prompts[0])  # the judge saw the diff
 
 
-@pytest.mark.parametrize("require_submit, penalty, left_value", [(False, 0.5, 1.0), (True, 0.0, 0.0), (True, 0.5, -0.5)])
-def test_a_fix_left_unsubmitted_scores_only_when_submit_is_not_required(tmp_path, require_submit, penalty, left_value):
-    """`env.require_submit`: the same correct fix, once submitted and once left on disk at the turn limit;
-    `unsubmitted_penalty` counts only when submitting is required."""
+@pytest.mark.parametrize("require_submit", [False, True])
+def test_a_fix_left_unsubmitted_scores_only_when_submit_is_not_required(tmp_path, require_submit):
+    """`env.require_submit`: the same correct fix, once submitted and once left on disk at the turn limit."""
     from flywheel.rollout.evaluate import solved
     from flywheel.types import Trajectory
 
     task = generate_tasks(1, seed=3, difficulty="easy")[0]
     fix = [c for c in oracle_actions(task) if c.name != "submit"]
-    cfg = EnvConfig(require_submit=require_submit, unsubmitted_penalty=penalty)
-    with CodingEnv(cfg, tmp_path / "cache") as env:
+    with CodingEnv(EnvConfig(require_submit=require_submit), tmp_path / "cache") as env:
         assert run_policy(env, task, [*fix, ToolCall("submit", {})]) == 1.0
         left = run_policy(env, task, fix)
         reward = env.grade()
-    assert left == left_value
+    assert left == (0.0 if require_submit else 1.0)
     assert reward.components["tests"] == 1.0  # the hidden tests still ran, and are logged
     assert reward.components.get("not_submitted") == (1.0 if require_submit else None)
     assert solved(Trajectory(task_id=task.id, group_id="g", segments=[], reward=reward)) == (not require_submit)

@@ -251,4 +251,3 @@ def test_unsubmitted_withholds_the_positive_part_and_keeps_penalties():
     assert ok.components == {"tests": 1.0, "penalty": 0.0}  # the input is not changed
     cheat = Reward(-1.0, {"tests": 0.0, "penalty": -1.0}, ["tests_edited"])
     assert unsubmitted(cheat).value == -1.0 and unsubmitted(cheat).flags == ["tests_edited"]
-    assert unsubmitted(ok, penalty=0.5).value == -0.5 and unsubmitted(cheat, penalty=0.5).value == -1.5

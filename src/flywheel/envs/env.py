@@ -125,7 +125,7 @@ class CodingEnv:
             if self.cfg.require_submit and not self.done:
                 from flywheel.envs.reward import unsubmitted
 
-                reward = unsubmitted(reward, self.cfg.unsubmitted_penalty)
+                reward = unsubmitted(reward)
             self.reward = reward
         return self.reward
 

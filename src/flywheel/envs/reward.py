@@ -342,18 +342,12 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
     return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status)
 
 
-def unsubmitted(reward: Reward, penalty: float = 0.0) -> Reward:
+def unsubmitted(reward: Reward) -> Reward:
     """`reward` of a session that ended without `submit` under `env.require_submit`: the positive part is
-    withheld and `penalty` subtracted (anti-cheat penalties stay), the test results stay for the logs, and
-    `components["not_submitted"]` marks it so evaluation does not count it as solved.
-
-    Why: when the turn limit grades whatever is on disk, RL can learn never to submit and to fill the turns
-    with edits — one that lands can break a correct fix. Withholding the reward removes that incentive, but
-    a session run out scores 0 like a wrong submission, so nothing pulls a policy back once its failed
-    sessions have taught it that `submit` does not pay (seen on one of three seeds: 0.16 → 0.00 in 16 steps).
-    `penalty` (`env.unsubmitted_penalty`) makes running out the turns the worst outcome, as an overlong-response
-    penalty does for single-turn RL."""
-    return Reward(value=min(reward.value, 0.0) - penalty, components=dict(reward.components, not_submitted=1.0),
+    withheld (a penalty stays), the test results stay for the logs, and `components["not_submitted"]` marks it
+    so evaluation does not count it as solved. Why: when the turn limit grades whatever is on disk, RL can learn
+    never to submit and to fill the turns with edits — one that lands can break a correct fix."""
+    return Reward(value=min(reward.value, 0.0), components=dict(reward.components, not_submitted=1.0),
                   flags=list(reward.flags), tests=dict(reward.tests))
 
 
