@@ -7,7 +7,8 @@
 Every stage writes its result into the run directory and is skipped when that result is already there,
 so an interrupted run resumes where it stopped (RL from its checkpoint, with the admitted trajectories
 it had not trained on yet). `summary.json` holds `pass1_before` and `pass1_after`, and `pass1_gain_se`:
-the standard error of the gain, paired over held-out tasks (`rollout.evaluate.paired_difference`).
+the standard error of the gain, paired over held-out tasks (`rollout.evaluate.paired_difference`);
+`copy_probe_base`: how often the base copies a held-out task's known edit (pipeline/copy_probe.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ class Progress:
         self.console.print(text)
 
 
+def probe_copying(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks) -> dict[str, float]:
+    from flywheel.envs.env import system_prompt
+    from flywheel.pipeline.copy_probe import copy_probe
+    from flywheel.pipeline.midtrain import chat_format
+    from flywheel.policy.model import load_model
+
+    model = load_model(Path(model_dir), cfg.model.dtype)
+    return copy_probe(model, chat_format(tokenizer, cfg.env), system_prompt(cfg.env), tasks)
+
+
 def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = True) -> dict:
     from flywheel.metrics.report import write_report
     from flywheel.orchestrator.loop import run_rl
@@ -94,6 +105,14 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
         base = Path(cfg.model.path) if cfg.model.path else midtrain(
             cfg, run_dir, tokenizer, train_tasks, on_progress=lambda s, i, n: progress.update(s, i, n))
         lap("midtrain")
+        if "copy_probe_base" not in summary:  # seconds: whether mid-training taught copying (pipeline/copy_probe.py)
+            try:
+                summary["copy_probe_base"] = probe_copying(cfg, base, tokenizer, heldout)
+                progress.log(f"copy probe of the base: {summary['copy_probe_base']['exact']:.2f} of held-out "
+                             f"edits exact")
+            except ValueError as err:  # held-out tasks without a known fix: nothing to probe
+                summary["copy_probe_base"] = {}
+                progress.log(f"copy probe skipped: {err}")
         cache = run_dir / "cache" / "eval"
 
         def evaluate(name: str, model_dir: Path) -> float:
