@@ -6,10 +6,11 @@ that leads up to it.
 Why: whether the `tiny` policy learned in mid-training to copy the statement's span into its `str_replace`
 call decides most of what RL can do with it. On the three demo bases the probe read 0.14, 0.45 and 0.43
 where greedy held-out pass@1 was 0.14, 0.45 and 0.43; on the give-up bases, those whose attempts succeeded
-28–29 % of the time probed at 0.39–0.46, those at 6–10 % at 0.14–0.20 (docs/benchmarks.md). A held-out evaluation samples
-hundreds of sessions in sandboxes (15–75 s here); this probe is one teacher-forced forward per task (about
-10 s for the demo's 100 tasks, on this machine while it ran other jobs), so mid-training experiments can read
-it before any RL. The job writes it to `summary.json` as `copy_probe_base`.
+28–29 % of the time probed at 0.39–0.46, those at 6–10 % at 0.14–0.20 (docs/benchmarks.md). A held-out
+evaluation samples hundreds of sessions in sandboxes (15–75 s here); this probe is one teacher-forced
+forward per task (6–10 s for the demo's 100 tasks, model loading included, on this machine while it ran
+other jobs), so mid-training experiments can read it before any RL. The job writes it to `summary.json` as
+`copy_probe_base`.
 
 How: for each task with a known fix, the session is rendered exactly as the agent loop would (system prompt
 and tools, the statement, the `view` call, the numbered file), followed by the oracle edit call. The probe
