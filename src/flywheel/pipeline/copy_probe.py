@@ -25,21 +25,11 @@ from flywheel.types import Message, Task
 
 
 def _edit_session(task: Task, system: str) -> list[Message] | None:
-    """The messages up to and including the oracle edit, or None when the task has no view-then-edit fix."""
-    from flywheel.envs.synth import oracle_actions
-    from flywheel.envs.tools import number_lines
+    """The messages up to and including the oracle's first edit, or None when the task has no view-then-edit fix."""
+    from flywheel.pipeline.transcripts import fix_turns
 
-    if not task.solution:
-        return None
-    calls = [c for c in oracle_actions(task) if c.arguments]
-    view = next((c for c in calls if c.name == "view"), None)
-    edit = next((c for c in calls if c.name != "view"), None)
-    if view is None or edit is None or view.arguments.get("path") not in task.files:
-        return None
-    shown = number_lines(task.files[view.arguments["path"]].splitlines())
-    return [Message(role="system", content=system), Message(role="user", content=task.problem),
-            Message(role="assistant", content="", tool_calls=[view]), Message(role="tool", name="view", content=shown),
-            Message(role="assistant", content="", tool_calls=[edit])]
+    turns = fix_turns(task) if task.solution else None
+    return [Message(role="system", content=system), *turns[:4]] if turns else None  # statement, view, file, edit
 
 
 def argument_span(ids: list[int], mask: list[int], decode) -> tuple[int, int]:

@@ -68,8 +68,8 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
     from flywheel.orchestrator.loop import run_rl
     from flywheel.pipeline.evaluation import evaluate_model
     from flywheel.pipeline.midtrain import midtrain
-    from flywheel.rollout.evaluate import paired_difference
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
+    from flywheel.rollout.evaluate import paired_difference
 
     import torch
 

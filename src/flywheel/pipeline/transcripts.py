@@ -153,22 +153,33 @@ def copy_episode(rng: random.Random) -> list[Message]:
     return [user, view, Message(role="tool", name="view", content=number_lines(body)), edit]
 
 
-def task_episode(task: Task, rng: random.Random) -> list[Message] | None:
-    """The known fix of `task` as drill turns: the view, then (after the real file) the edit; or one of them."""
+def fix_turns(task: Task) -> list[Message] | None:
+    """The known fix of `task` as a session: the statement, the view, the real file, then the edits; None when
+    the fix is not a view of a workspace file followed by edits. Drills and the copy probe use it."""
     from flywheel.envs.synth import oracle_actions
     from flywheel.envs.tools import number_lines
 
     calls = [c for c in oracle_actions(task) if c.arguments]
-    if not calls:
-        return None
-    user = Message(role="user", content=task.problem)
     view = next((c for c in calls if c.name == "view"), None)
     edits = [c for c in calls if c.name != "view"]
     path = view.arguments.get("path") if view else None
-    if view and edits and path in task.files and rng.random() < 0.6:
-        seen = Message(role="tool", name="view", content=number_lines(task.files[path].splitlines()))
-        return [user, _msg(view), seen, *(_msg(c) for c in edits)]
-    return [user, _msg(rng.choice(calls))]
+    if not (view and edits and path in task.files):
+        return None
+    seen = Message(role="tool", name="view", content=number_lines(task.files[path].splitlines()))
+    return [Message(role="user", content=task.problem), _msg(view), seen, *(_msg(c) for c in edits)]
+
+
+def task_episode(task: Task, rng: random.Random) -> list[Message] | None:
+    """The known fix of `task` as drill turns: the view, then (after the real file) the edit; or one of them."""
+    from flywheel.envs.synth import oracle_actions
+
+    calls = [c for c in oracle_actions(task) if c.arguments]
+    if not calls:
+        return None
+    whole = fix_turns(task)
+    if whole and rng.random() < 0.6:
+        return whole
+    return [Message(role="user", content=task.problem), _msg(rng.choice(calls))]
 
 
 def _call(name: str, **arguments: str) -> Message:
