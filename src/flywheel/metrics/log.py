@@ -26,14 +26,17 @@ def _clean(value: Any) -> Any:
 
 class MetricsLog:
     def __init__(self, run_dir: str | Path, tensorboard: bool = False, filename: str = "metrics.jsonl"):
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise ValueError("metrics.tensorboard = true needs the tensorboard package: "
+                                 "pip install 'flywheel[tensorboard]', or set metrics.tensorboard = false") from err
+            self._tb = SummaryWriter(str(Path(run_dir) / "events"))
         self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(run_dir) / "events"))
 
     def write(self, record: dict[str, Any]) -> None:
         record = {k: _clean(v) for k, v in record.items()}
