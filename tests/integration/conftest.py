@@ -1,6 +1,6 @@
 """The demo's mid-trained base policy, built once per test session for the tests that check learning.
 
-Mid-training the demo's base is the longest stage (~7 minutes on the 2-core CI machine), so the tests that
+Mid-training the demo's base is the longest stage (~9-12 minutes on the 2-core CI machine), so the tests that
 run RL on the demo's config (locally in test_demo_learns.py, on Ray in test_ray.py) share it. It is built
 by the same stage functions `flywheel train` runs (pipeline/prepare.py, pipeline/midtrain.py) and scored
 once on the held-out tasks; each test then runs the job with `model.path` pointing at it.
@@ -22,7 +22,7 @@ DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 class DemoBase:
     model_dir: Path
     tokenizer_dir: Path
-    pass1: float  # greedy held-out pass@1 of the base
+    pass1: float  # held-out pass@1 of the base, as the demo's config evaluates it
 
     def config(self, run_dir: Path, *extra: str):
         """The demo config for a run from this base (`extra`: more `--section.key value` overrides)."""

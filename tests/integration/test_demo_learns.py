@@ -2,12 +2,13 @@
 
 Everything real: synthetic tasks, the tokenizer, mid-training on transcripts run through the harness (the
 session's shared `demo_base`, conftest.py), a node process with the engine and bwrap sandboxes, the trainer
-process, the weight store, greedy evaluation on the 100 held-out tasks before and after, the report. Only
-`trainer.num_steps` is cut (the demo's own figures are in docs/benchmarks.md).
+process, the weight store, evaluation on the 100 held-out tasks before and after (4 sessions per task at
+the sampling temperature), the report. Only `trainer.num_steps` is cut (the demo's own figures are in
+docs/benchmarks.md).
 
-What "reward goes up" means here: a held-out task's reward is whether its hidden tests pass, and greedy
-pass@1 over 100 unseen tasks is a far steadier measure than the per-step reward of the few sampled groups
-of one step (their tasks differ from step to step). The margin asserted is well under the gains measured
+What "reward goes up" means here: a held-out task's reward is whether its hidden tests pass, and pass@1
+over 400 sessions on 100 unseen tasks is a far steadier measure than the per-step reward of the few sampled
+groups of one step (their tasks differ from step to step). The margin asserted is well under the gains measured
 for this setting (docs/benchmarks.md), so a failure means learning broke, not bad luck.
 """
 
@@ -30,9 +31,9 @@ def test_reduced_demo_raises_heldout_pass_rate(demo_base, tmp_path):
     summary = run_job(cfg, show_progress=False)
     assert summary["rl"]["steps"] == STEPS and not summary["rl"]["interrupted"]
     before, after = summary["pass1_before"], summary["pass1_after"]
-    assert 0.05 <= before <= 0.6, f"the mid-trained base should solve some held-out tasks: pass@1 {before}"
+    assert 0.1 <= before <= 0.6, f"the mid-trained base should solve some held-out tasks: pass@1 {before}"
     assert after >= before + MARGIN, f"held-out pass@1 {before:.2f} -> {after:.2f} after {STEPS} RL steps"
-    assert 0 < summary["pass1_gain_se"] < 0.1, summary  # paired over the 100 tasks: about 0.04 here
+    assert 0 < summary["pass1_gain_se"] < 0.1, summary  # paired over the 100 tasks: about 0.03 here
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert (run_dir / "report.html").exists()
