@@ -16,7 +16,8 @@ pointers, and the runner sees the new weights at the next call with nothing to r
 Batch invariance (greedy batched decoding == decoding alone, bit for bit): the result of a row must not
 depend on which other rows share the step. Attention is per row, so only the matmuls matter; MKL picks
 different kernels (different reduction orders) for small row counts (M = 1, 2, 3, 5, 7, 9 all differ
-from M >= 8 on the CPUs we measured), so every linear pads its rows up to a multiple of `ROW_TILE`.
+from M >= 8 on an AMD EPYC; on an Intel Xeon with AVX-512, M = 8 differs from every larger multiple of 8), so
+every linear pads its rows up to a multiple of `ROW_TILE` = 16.
 
 `batch_invariant=True` (numerics.batch_invariant) goes further: attention is computed the same way in
 prefill and decode and in the trainer (`flywheel.numerics.attention`: fixed key spans, 8-row query blocks),
@@ -36,7 +37,7 @@ from flywheel.numerics import attention as bi_attention
 from flywheel.numerics.kv_pool import KVPool
 from flywheel.numerics.lm_head import has_fp32_lm_head
 
-ROW_TILE = 8  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
+ROW_TILE = 16  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
 GPU_ROW_TILE = 128  # CUDA: every matmul is exactly [GPU_ROW_TILE, K] @ [K, N]
 
 
