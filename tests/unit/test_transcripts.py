@@ -1,6 +1,7 @@
 """Mid-training data: scripted sessions through the real harness, rendered exactly as the agent loop renders."""
 
 import random
+import re
 
 import pytest
 
@@ -62,6 +63,15 @@ def test_make_transcripts_and_drills(chat, tasks, tmp_path):
         assert sum(mask) < len(ids) < 300
     with pytest.raises(ValueError, match="known `solution`"):
         make_drills([Task(id="x", problem="p")], 1, bare)
+
+
+def test_one_seed_gives_one_corpus(chat, tasks, tmp_path):
+    """No wall time or path of the run reaches the observations the model reads (detours run the tests)."""
+    cfg = MidtrainConfig(num_transcripts=12, failed_fraction=0.0, imperfect_fraction=1.0, seed=2)
+    examples = make_transcripts(tasks, cfg, chat, lambda: CodingEnv(ENV, tmp_path / "a"))
+    texts = [chat.tokenizer.decode(ids) for ids, _ in examples]
+    assert any("passed" in t for t in texts) and not any(re.search(r"(passed|failed) in \d", t) for t in texts)
+    assert make_transcripts(tasks, cfg, chat, lambda: CodingEnv(ENV, tmp_path / "b")) == examples
 
 
 def test_drills_in_session_context_are_packed_after_one_system_prompt(chat, tasks):

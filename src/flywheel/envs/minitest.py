@@ -12,9 +12,11 @@ It speaks the part of pytest's interface that grading and the harness use:
     python runtests.py [-q] [-p PLUGIN] [--junitxml=FILE] [PATH[::TEST] | PATH[::CLASS::TEST] ...]
 
 and prints pytest-style output (`..F`, a failure section with the failing assert's values, `FAILED id -
-message` lines, `1 failed, 6 passed in 0.01s`). The JUnit XML is written after every test has run, with
-pytest's `classname`/`name` convention (module path dotted, then the class), so `reward.parse_junit` reads
-it unchanged. Collected: module-level `test*` functions and `Test*` classes without `__init__` (their
+message` lines, `1 failed, 6 passed`). The summary line leaves out pytest's wall time: tool output is what
+the policy reads and what mid-training transcripts are made of, and a timing there made one seed give another
+corpus under another machine load (the JUnit XML keeps the times). The JUnit XML is written after every test
+has run, with pytest's `classname`/`name` convention (module path dotted, then the class), so
+`reward.parse_junit` reads it unchanged. Collected: module-level `test*` functions and `Test*` classes without `__init__` (their
 `test*` methods, `setup_method`/`teardown_method` honoured). Not supported, and reported as an error of the
 test: fixtures (test functions with parameters), marks, parametrize. Exit status as pytest: 0 all passed,
 1 some failed, 2 usage or collection errors, 5 nothing collected.
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
     counts = [f"{n} {word}" for n, word in ((len(failed), "failed"), (len(results) - len(failed), "passed"),
                                             (errors, "error" if errors == 1 else "errors")) if n]
-    print(f"{', '.join(counts) or 'no tests ran'} in {elapsed:.2f}s")
+    print(', '.join(counts) or 'no tests ran')
     if junit:
         write_junit(junit, results, elapsed)
     if errors:
