@@ -6,7 +6,7 @@ Each test runs `run_rl` with `orchestrator.backend = "ray"` from one small mid-t
 module) and attacks one property: an engine killed mid-run loses no group; sessions graded by grader actors,
 one of them killed mid-run, lose no group; an engine added mid-run (through the
 CLI's control file, in a second region) joins at the current weights and pulls them through its own relay; a
-killed trainer actor resumes from its checkpoint; the demo config itself trains on Ray and held-out pass@1 goes up.
+killed trainer actor resumes from its checkpoint; the demo config itself trains on Ray from the demo's base.
 """
 
 from __future__ import annotations
@@ -175,21 +175,28 @@ def test_trainer_actor_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     assert latest_checkpoint(run_dir / "checkpoints").name.endswith("3")
 
 
-@pytest.mark.timeout(1800)
-def test_demo_config_on_ray_raises_heldout_pass_rate(cluster, demo_base, tmp_path):
+@pytest.mark.timeout(900)
+def test_demo_config_trains_on_ray(cluster, demo_base, tmp_path):
     """The demo's own config with `backend = "ray"`: engine, its rollout workers (bwrap sandboxes) and the
-    trainer as actors, from the demo's mid-trained base (conftest.py); held-out pass@1 goes up, as it does
-    locally (test_demo_learns.py), with a smaller margin for the fewer steps."""
-    from flywheel.pipeline.job import run_job
+    trainer as actors, from the demo's mid-trained base (conftest.py), for a few steps: every group
+    accounted for, staleness in bounds, and the base solves tasks in Ray's sandboxes as it does locally.
+
+    Whether RL on this config learns is asserted once, locally (test_demo_learns.py); the two backends run
+    the same loop, and learning on Ray is measured by `flywheel bench pipeline --backend ray`
+    (docs/ray.md). Asserting it here too took 450 s of CI for the same claim."""
+    from flywheel.orchestrator.loop import run_rl
+    from flywheel.pipeline.prepare import prepare_tasks
 
     run_dir = tmp_path / "demo-ray"
-    demo_base.seed_summary(run_dir)
-    steps = 12
+    steps = 4
     cfg = demo_base.config(run_dir, "--name", run_dir.name, "--orchestrator.backend", "ray",
                            "--trainer.num_steps", str(steps))
-    summary = run_job(cfg, show_progress=False)
-    assert summary["rl"]["steps"] == steps and not summary["rl"]["interrupted"]
-    before, after = summary["pass1_before"], summary["pass1_after"]
-    assert after >= before + 0.03, f"held-out pass@1 {before:.2f} -> {after:.2f} after {steps} RL steps on Ray"
-    last = _records(run_dir)[-1]
-    assert last["rollout/lost_groups"] == 0.0 and last["pool/num_engines"] == 1.0
+    train, _ = prepare_tasks(cfg, run_dir)
+    rl = run_rl(cfg, run_dir, demo_base.model_dir, demo_base.tokenizer_dir, train)
+    assert rl["steps"] == steps and not rl["interrupted"]
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["rollout/lost_groups"] == 0.0 and r["pool/num_engines"] == 1.0 for r in records)
+    assert max(r["staleness/max"] for r in records) <= cfg.orchestrator.max_staleness
+    assert sum(r["rollout/pass_rate"] for r in records) > 0, "the base solved no task in Ray's sandboxes"
+    assert (run_dir / "final_model" / "config.json").exists()

@@ -25,6 +25,15 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, preset):
     assert torch.equal(model(ids).logits, again(ids).logits)
 
 
+def test_num_layers_changes_depth_only(tmp_path):
+    deep, shallow = (build_model(ModelConfig(preset="tiny", num_layers=n), 512) for n in (0, 2))
+    assert (deep.config.num_hidden_layers, shallow.config.num_hidden_layers) == (4, 2)
+    shapes = {k: v.shape for k, v in shallow.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in deep.state_dict().items() if k in shapes}  # same matrices, fewer
+    save_model(shallow, tmp_path / "m")
+    assert load_model(tmp_path / "m").config.num_hidden_layers == 2
+
+
 def test_seeded_init_is_reproducible():
     a = build_model(ModelConfig(preset="tiny", seed=1), 512).state_dict()
     b = build_model(ModelConfig(preset="tiny", seed=1), 512).state_dict()

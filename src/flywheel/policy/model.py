@@ -40,11 +40,15 @@ hf_logging.disable_progress_bar()  # shard/weight-loading bars would drown our o
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def preset_config(name: str, vocab_size: int, max_seq_len: int = 2048, **special_tokens: int | None):
-    """The transformers config of a preset; `special_tokens` are e.g. `eos_token_id=..., pad_token_id=...`."""
+def preset_config(name: str, vocab_size: int, max_seq_len: int = 2048, num_layers: int = 0,
+                  **special_tokens: int | None):
+    """The transformers config of a preset, `num_layers` deep (0 = the preset's depth); `special_tokens` are
+    e.g. `eos_token_id=..., pad_token_id=...`."""
     if name not in PRESETS:
         raise ValueError(f"unknown model preset '{name}'; choose one of {sorted(PRESETS)} or set model.path")
     spec = dict(PRESETS[name])
+    if num_layers:  # depth only: every matrix keeps its shape, so kernels and batch-invariance tiles are the same
+        spec["num_hidden_layers"] = num_layers
     model_type = spec.pop("model_type")
     return AutoConfig.for_model(model_type, vocab_size=vocab_size, max_position_embeddings=max_seq_len,
                                 rms_norm_eps=1e-6, rope_theta=10000.0, attention_dropout=0.0,
@@ -57,7 +61,7 @@ def build_model(cfg: ModelConfig, vocab_size: int, **special_tokens: int | None)
         return load_model(cfg.path, cfg.dtype)
     if cfg.preset is None:
         raise ValueError("set model.preset (tiny, small, tiny-moe) or model.path (a local HF checkpoint dir)")
-    hf_config = preset_config(cfg.preset, vocab_size, cfg.max_seq_len, **special_tokens)
+    hf_config = preset_config(cfg.preset, vocab_size, cfg.max_seq_len, cfg.num_layers, **special_tokens)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_config(hf_config, dtype=_DTYPES[cfg.dtype])
