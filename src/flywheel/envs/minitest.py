@@ -16,10 +16,10 @@ message` lines, `1 failed, 6 passed`). The summary line leaves out pytest's wall
 the policy reads and what mid-training transcripts are made of, and a timing there made one seed give another
 corpus under another machine load (the JUnit XML keeps the times). The JUnit XML is written after every test
 has run, with pytest's `classname`/`name` convention (module path dotted, then the class), so
-`reward.parse_junit` reads it unchanged. Collected: module-level `test*` functions and `Test*` classes without `__init__` (their
-`test*` methods, `setup_method`/`teardown_method` honoured). Not supported, and reported as an error of the
-test: fixtures (test functions with parameters), marks, parametrize. Exit status as pytest: 0 all passed,
-1 some failed, 2 usage or collection errors, 5 nothing collected.
+`reward.parse_junit` reads it unchanged. Collected: module-level `test*` functions and `Test*` classes
+without `__init__` (their `test*` methods, `setup_method`/`teardown_method` honoured). Not supported, and
+reported as an error of the test: fixtures (test functions with parameters), marks, parametrize. Exit status
+as pytest: 0 all passed, 1 some failed, 2 usage or collection errors, 5 nothing collected.
 
 This file must stay importable with the standard library alone: it runs inside the sandbox, where flywheel
 is not installed. Tests: tests/unit/test_minitest.py.

@@ -22,7 +22,7 @@ from flywheel.config import ModelConfig
 
 # Architectures per preset. Sizes are parameter counts at vocab 2048 (the demo tokenizer).
 PRESETS: dict[str, dict[str, Any]] = {
-    # ~2.0 M parameters: tests and the demo, fast on two CPU cores.
+    # ~2.0 M parameters: tests, fast on two CPU cores. The demo runs it 2 layers deep (1.2 M; model.num_layers).
     "tiny": dict(model_type="qwen3", hidden_size=192, intermediate_size=512, num_hidden_layers=4,
                  num_attention_heads=6, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
     # ~33 M parameters: benchmarks (weight sync, engine throughput).
