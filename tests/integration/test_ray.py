@@ -175,7 +175,7 @@ def test_trainer_actor_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     assert latest_checkpoint(run_dir / "checkpoints").name.endswith("3")
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)  # run alone (`-m ray`), this test also builds the shared demo base (~10 min)
 def test_demo_config_trains_on_ray(cluster, demo_base, tmp_path):
     """The demo's own config with `backend = "ray"`: engine, its rollout workers (bwrap sandboxes) and the
     trainer as actors, from the demo's mid-trained base (conftest.py), for a few steps: every group
