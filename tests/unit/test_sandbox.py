@@ -501,3 +501,13 @@ def test_long_output_keeps_head_and_tail(kind: str, base: Path, monkeypatch) -> 
         r = sb.run("seq 1 3000; echo short >&2", stdin="ignored\n")
     assert r.stdout == full[:500] + f"\n[... {len(full) - 1000} bytes cut ...]\n" + full[-500:]
     assert r.stderr == "short\n" and r.returncode == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_processes_writing_at_once_lose_no_output(kind: str, base: Path) -> None:
+    # eight writers share the command's stdout; before outputs were opened O_APPEND, about a third of
+    # these lines were overwritten by lines written at the same moment at the same offset
+    with create_sandbox(base, SandboxLimits(timeout_s=60), kind) as sb:
+        r = sb.run("for i in $(seq 8); do (for j in $(seq 300); do echo line$i-$j; done) & done; wait")
+    assert r.returncode == 0, r.output
+    assert sorted(r.stdout.splitlines()) == sorted(f"line{i}-{j}" for i in range(1, 9) for j in range(1, 301))

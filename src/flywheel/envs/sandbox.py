@@ -61,6 +61,7 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -292,7 +293,12 @@ def _read_capped(fd: int) -> str:
 
 
 def _memfd(name: str, text: str | None = None) -> int:
-    """An anonymous in-memory file (no path to create or unlink), rewound after `text` is written."""
+    """An anonymous in-memory file (no path to create or unlink), rewound after `text` is written.
+
+    An output memfd (no `text`) is opened for appending: the processes of one command share its file
+    offset, and the kernel does not serialise that offset for memfds, so two processes writing at once
+    (a server and a client, `a & b`) wrote at the same offset and one's bytes overwrote the other's.
+    With O_APPEND every write lands at the end, whole."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     if text:
         data = text.encode()
@@ -300,6 +306,8 @@ def _memfd(name: str, text: str | None = None) -> int:
         while view:
             view = view[os.write(fd, view):]
         os.lseek(fd, 0, os.SEEK_SET)
+    else:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
     return fd
 
 
