@@ -170,6 +170,9 @@ class OrchestratorConfig(Section):
     task_bucket_window: int = Field(32, ge=1, le=100_000, description="recent groups per bucket the estimate uses")
     task_bucket_floor: float = Field(0.1, ge=0, le=1, description="share of draws spread over all buckets by size")
     num_engines: int = Field(1, ge=1, le=10_000, description="inference engines (each with its rollout workers)")
+    start_timeout_s: float = Field(300.0, gt=0, le=86_400, description="seconds the inference engines (local "
+                                   "processes or Ray actors) may take to start: load the model, build the "
+                                   "sandbox root, warm up; raise it on a busy machine")
     ray_address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
     ray_engine_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved per engine actor")
     ray_engine_num_gpus: float = Field(0.0, ge=0, le=64, description="Ray: GPUs reserved per engine actor")

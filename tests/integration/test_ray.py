@@ -6,7 +6,8 @@ Each test runs `run_rl` with `orchestrator.backend = "ray"` from one small mid-t
 module) and attacks one property: an engine killed mid-run loses no group; sessions graded by grader actors,
 one of them killed mid-run, lose no group; an engine added mid-run (through the
 CLI's control file, in a second region) joins at the current weights and pulls them through its own relay; a
-killed trainer actor resumes from its checkpoint; the demo config itself trains on Ray from the demo's base.
+killed trainer actor resumes from its checkpoint; engines that start too late give a clear error and are
+stopped; the demo config itself trains on Ray from the demo's base.
 """
 
 from __future__ import annotations
@@ -173,6 +174,28 @@ def test_trainer_actor_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     from flywheel.trainer.checkpoint import latest_checkpoint
 
     assert latest_checkpoint(run_dir / "checkpoints").name.endswith("3")
+
+
+def test_engines_that_start_late_give_a_clear_error_and_are_stopped(cluster, base, tmp_path):
+    import time
+
+    run_dir = tmp_path / "late"
+    cfg = _config(run_dir, ["--orchestrator.start_timeout_s", "0.5"])  # an engine actor needs seconds
+    with pytest.raises(TimeoutError, match="raise orchestrator.start_timeout_s"):
+        _run(cfg, run_dir, base, None)
+    names = [f"flywheel-engine-{run_dir.name}-0", f"flywheel-trainer-{run_dir.name}"]
+    deadline = time.monotonic() + 30  # ray.kill is asynchronous: a name is released once its actor is dead
+    while (left := [n for n in names if _named_actor_alive(n)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"still alive after the failed start: {left}"
+
+
+def _named_actor_alive(name: str) -> bool:
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return False
+    return True
 
 
 @pytest.mark.timeout(1800)  # run alone (`-m ray`), this test also builds the shared demo base (~10 min)

@@ -82,3 +82,19 @@ def test_stopped_run_resumes_without_losing_steps_or_trajectories(base, tmp_path
     assert second["steps"] == 4 and not second["interrupted"]
     assert steps_logged(run_dir) == [1, 2, 3, 4]  # no step lost, none repeated
     assert second["buffer/restored"] == len(extra["waiting"])
+
+
+def test_engines_that_start_late_give_a_clear_error_and_are_stopped(base, tmp_path):
+    import multiprocessing
+    import signal
+
+    root, tasks = base
+    run_dir = tmp_path / "late"
+    handler = signal.getsignal(signal.SIGINT)
+    cfg = config(run_dir, "async", 2).model_copy(deep=True)
+    cfg.orchestrator.start_timeout_s = 0.5  # a node process needs seconds to import torch and load the model
+    with pytest.raises(TimeoutError, match="raise orchestrator.start_timeout_s"):
+        run_rl(cfg, run_dir, root / "model", root / "tokenizer", tasks)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("flywheel-node")]
+    assert signal.getsignal(signal.SIGINT) is handler  # the loop's Ctrl-C handler is gone again
+    assert not (run_dir / "final_model").exists()

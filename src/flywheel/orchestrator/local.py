@@ -16,6 +16,7 @@ import asyncio
 import multiprocessing as mp
 import queue
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -91,8 +92,6 @@ class LocalRollouts:
         self._next = 0
 
     def start(self, timeout_s: float = 300.0) -> None:
-        import time
-
         for p in self.procs:
             p.start()
         ready = 0
@@ -100,7 +99,8 @@ class LocalRollouts:
         while ready < len(self.procs):
             msg = self.get(1.0)  # short waits: a node that dies while starting is noticed at once
             if msg is None and time.monotonic() > deadline:
-                raise TimeoutError(f"inference nodes did not start within {timeout_s:.0f} s")
+                raise TimeoutError(f"inference nodes did not start within {timeout_s:g} s (each loads the model "
+                                   "and warms up); on a busy machine raise orchestrator.start_timeout_s")
             if msg is not None and msg[0] == "ready":
                 ready += 1
 
@@ -130,17 +130,22 @@ class LocalRollouts:
         stats: dict = {}
         for q in self.ctrl_qs:
             q.put(("stop",))
-        alive = set(range(len(self.procs)))
-        while alive:
+        # wait for the running nodes' last stats; one that died (or never started) sends none
+        alive = {s.node_id for s, p in zip(self.specs, self.procs) if p.is_alive()}
+        deadline = time.monotonic() + timeout_s
+        while alive and time.monotonic() < deadline:
             try:
-                msg = self.out_q.get(timeout=timeout_s)
+                msg = self.out_q.get(timeout=1.0)
             except queue.Empty:
-                break
+                alive &= {s.node_id for s, p in zip(self.specs, self.procs) if p.is_alive()}
+                continue
             if msg[0] in ("stopped", "error"):
                 alive.discard(msg[1])
                 if msg[0] == "stopped":
                     stats.update(msg[3])
         for p in self.procs:
+            if p.pid is None:  # never started
+                continue
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()

@@ -130,9 +130,10 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     received: list[list[Trajectory]] = []  # every group since the last step
     busy_s = 0.0
     previous_handlers = _install_stop_handlers(stop_event)
-    source.start()
     t_start = time.monotonic()
     try:
+        source.start(timeout_s=cfg.orchestrator.start_timeout_s)  # inside: an engine that fails to start is stopped too
+        t_start = time.monotonic()
         while trainer.version < cfg.trainer.num_steps and not stop_event.is_set():
             if sync and outstanding == 0 and len(buffer) < cfg.trainer.batch_size:
                 source.request(groups_per_batch, min_version=trainer.version)

@@ -182,21 +182,28 @@ class RayRollouts:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, timeout_s: float = 300.0) -> None:
+        """Start the origin relay, the graders and the engines; TimeoutError if they are not all up within
+        `timeout_s` (the caller's `stop` then kills what did start)."""
         ray = init_ray(self.cfg)
         from flywheel.orchestrator.ray_actors import RelayActor
 
+        deadline = time.monotonic() + timeout_s
+        late = TimeoutError(f"engine actors did not start within {timeout_s:g} s (each loads the model and warms up; "
+                            "the cluster may be short of CPUs or busy); raise orchestrator.start_timeout_s")
         store = Path(self.store_url)
         self.origin = _remote(RelayActor, num_cpus=0).remote(store=str(store.resolve()) if store.exists() else self.store_url)
-        self.origin_url = ray.get(self.origin.url.remote(), timeout=timeout_s)
+        try:
+            self.origin_url = ray.get(self.origin.url.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise late from None
         self._start_graders()
         regions = self.cfg.orchestrator.regions
         for spec in self.specs:
             region = spec.region or (regions[spec.node_id % len(regions)] if regions else "default")
             self._launch(spec, region)
-        deadline = time.monotonic() + timeout_s
         while any(e.ready_ref is not None for e in self.engines.values()):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"engine actors did not start within {timeout_s:.0f} s")
+                raise late
             self._check_joining(timeout_s=1.0)
         self._fill()
 
