@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
     p.add_argument("--base", default=None, help="pipeline: a mid-trained model directory (with its tokenizer) to "
                    "start both runs from, instead of mid-training one (e.g. runs/demo/base_model)")
+    p.add_argument("--seeds", default=None, metavar="S,S,...", help="pipeline: one sync/async pair per RL seed, "
+                   "e.g. --seeds 0,1,2; the summary averages the pairs (default: the config's seed)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="pipeline: a config override "
                    "for both runs, e.g. --set trainer.correction=none (repeatable)")
 
