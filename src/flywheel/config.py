@@ -164,9 +164,6 @@ class OrchestratorConfig(Section):
     mode: Literal["async", "sync"] = Field("async", description="async pipeline or on-policy baseline")
     max_staleness: int = Field(4, ge=0, le=1000, description="trainer versions a trajectory may lag; staler are dropped")
     drop_uniform_groups: bool = Field(True, description="drop groups whose sessions all got one reward (no GRPO signal)")
-    take_order: Literal["oldest", "freshest"] = Field("oldest", description="which waiting groups a trainer step "
-                                                      "takes first: the oldest, or those of the newest weights "
-                                                      "(orchestrator/buffer.py)")
     task_bucket_key: str = Field("", description="task meta field grouping tasks into buckets; tasks are drawn "
                                  "favouring buckets whose recent groups had mixed rewards "
                                  "(orchestrator/task_sampler.py); '' = uniformly")

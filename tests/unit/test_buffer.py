@@ -1,7 +1,5 @@
 """Ordering and bookkeeping of the staleness buffer, with hand-made trajectories."""
 
-import pytest
-
 from flywheel.orchestrator.buffer import Buffer, group_staleness
 from flywheel.types import Reward, Segment, Trajectory
 
@@ -48,16 +46,3 @@ def test_waiting_keys_survive_take_and_restore():
     again = Buffer(max_staleness=4)
     again.restore([(k, [traj(0, 1.0), traj(0, 0.0)]) for k in buf.waiting_keys()])
     assert again.waiting_keys() == [1, 2] and len(again) == 4 and again.counters["admitted"] == 0
-
-
-def test_freshest_first_takes_the_newest_weights_and_lets_the_oldest_age_out():
-    buf = Buffer(max_staleness=2, take_order="freshest")
-    for gid, version in (("a", 1), ("b", 3), ("c", 2), ("d", 3)):
-        buf.admit([traj(version, 1.0, gid), traj(version, 0.0, gid)], trainer_version=3)
-    batch = buf.take(4, trainer_version=3)
-    assert [t.group_id for t in batch] == ["d", "d", "b", "b"]  # version 3; among equals the last admitted first
-    assert buf.staleness_hist == {0: 2} and buf.waiting_keys() == [None, None]  # a and c wait, in order
-    assert buf.take(2, trainer_version=4) is not None and buf.counters["dropped_stale"] == 2  # a aged out
-    assert buf.staleness_hist == {0: 2, 2: 1}
-    with pytest.raises(ValueError, match="take_order"):
-        Buffer(max_staleness=2, take_order="newest")

@@ -4,11 +4,6 @@
     buf.admit(group, trainer_version=5)      # -> "admitted" | "stale" | "uniform" | "env_failure"
     batch = buf.take(num_trajectories=32, trainer_version=6)   # whole groups, oldest first, or None
 
-`take_order = "freshest"` hands out the groups of the newest weights first instead (ties: the last
-admitted first). When rollouts come in faster than the trainer takes them, oldest-first trains on groups
-at the staleness bound every step and lets the fresher ones age out; freshest-first trains on the
-freshest and lets the oldest age out (docs/training.md, "Which groups a step takes").
-
 A group's staleness is `trainer_version - min(token versions)`: how many optimizer steps behind the
 policy that produced its oldest token is. Groups staler than `max_staleness` are dropped and counted,
 both at admission and again when taken (a group may age while it waits). Groups whose sessions all got
@@ -30,11 +25,8 @@ def group_staleness(group: list[Trajectory], trainer_version: int) -> int:
 
 
 class Buffer:
-    def __init__(self, max_staleness: int, drop_uniform_groups: bool = True, take_order: str = "oldest"):
-        if take_order not in ("oldest", "freshest"):
-            raise ValueError(f"take_order must be 'oldest' or 'freshest' (got {take_order!r})")
+    def __init__(self, max_staleness: int, drop_uniform_groups: bool = True):
         self.max_staleness = max_staleness
-        self.take_order = take_order
         self.drop_uniform_groups = drop_uniform_groups
         self._groups: deque[list[Trajectory]] = deque()
         self._keys: dict[int, object] = {}  # id(group) -> caller's key (e.g. its index in a log)
@@ -63,7 +55,7 @@ class Buffer:
         return "admitted"
 
     def take(self, num_trajectories: int, trainer_version: int) -> list[Trajectory] | None:
-        """Whole groups, oldest (or freshest) first, until at least `num_trajectories`; None if not enough yet."""
+        """Whole groups, oldest first, until at least `num_trajectories`; None if not enough yet."""
         fresh = deque()
         for group in self._groups:
             if group_staleness(group, trainer_version) > self.max_staleness:
@@ -74,20 +66,12 @@ class Buffer:
         self._groups = fresh
         if len(self) < num_trajectories:
             return None
-        order = list(range(len(self._groups)))
-        if self.take_order == "freshest":  # newest weights first; among equals, the last admitted first
-            order.sort(key=lambda i: (group_staleness(self._groups[i], trainer_version), -i))
         batch: list[Trajectory] = []
-        taken: set[int] = set()
-        for i in order:
-            if len(batch) >= num_trajectories:
-                break
-            group = self._groups[i]
-            taken.add(i)
+        while len(batch) < num_trajectories:
+            group = self._groups.popleft()
             self._keys.pop(id(group), None)
             self.staleness_hist[group_staleness(group, trainer_version)] += 1
             batch.extend(group)
-        self._groups = deque(g for i, g in enumerate(self._groups) if i not in taken)
         return batch
 
     def waiting_keys(self) -> list[object]:

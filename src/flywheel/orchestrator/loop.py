@@ -108,7 +108,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     # it loads the checkpoint (resume), trims the store to the trainer's version and publishes version 0
     trainer = build_trainer(cfg, run_dir, base_model_dir, resume=resume)
     buffer = Buffer(max_staleness=0 if sync else cfg.orchestrator.max_staleness,
-                    drop_uniform_groups=cfg.orchestrator.drop_uniform_groups, take_order=cfg.orchestrator.take_order)
+                    drop_uniform_groups=cfg.orchestrator.drop_uniform_groups)
     admitted = AdmittedLog(run_dir / "trajectories" / "admitted.jsonl")
     state = trainer.extra_state
     if state:
