@@ -1,6 +1,6 @@
 """The demo's mid-trained base policy, built once per test session for the tests that check learning.
 
-Mid-training the demo's base is the longest stage (the fixture took 498 s on a 2-core Intel CI host), so the
+Mid-training the demo's base is the longest stage (the fixture took 498–550 s on a 2-core Intel CI host), so the
 tests that run RL on the demo's config (locally in test_demo_learns.py, on Ray in test_ray.py) share it. It is
 built by the same stage functions `flywheel train` runs (pipeline/prepare.py, pipeline/midtrain.py) and scored
 once on the held-out tasks; each test then runs the job with `model.path` pointing at it.
