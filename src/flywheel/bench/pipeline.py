@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
     from flywheel.rollout.evaluate import paired_difference
 
+    seeds = parse_seeds(getattr(args, "seeds", None))  # before any work: a bad list fails at once
     root = Path("runs/bench-pipeline-quick" if args.quick else "runs/bench-pipeline")
     settings = _settings(getattr(args, "set", None))
     base_cfg = _config(root / "base", "async", args.quick, "local", settings)
@@ -114,7 +115,6 @@ def run(args: argparse.Namespace) -> dict:
         tokenizer = prepare_tokenizer(base_cfg, root / "base", train)
         base = midtrain(base_cfg, root / "base", tokenizer, train)
         tokenizer_dir = root / "base" / "tokenizer"
-    seeds = parse_seeds(getattr(args, "seeds", None))
     result: dict = {"config": CONFIG, "settings": list(getattr(args, "set", None) or []), "quick": bool(args.quick),
                     "backend": args.backend, "base": str(base), "seeds": seeds or [base_cfg.seed],
                     "num_steps": base_cfg.trainer.num_steps, "num_heldout": len(heldout), "pairs": []}
