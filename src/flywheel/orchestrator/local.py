@@ -126,18 +126,21 @@ class LocalRollouts:
             if n:
                 q.put(("generate", n, min_version))
 
+    def _running_nodes(self) -> set[int]:
+        return {s.node_id for s, p in zip(self.specs, self.procs) if p.is_alive()}
+
     def stop(self, timeout_s: float = 60.0) -> dict:
         stats: dict = {}
         for q in self.ctrl_qs:
             q.put(("stop",))
         # wait for the running nodes' last stats; one that died (or never started) sends none
-        alive = {s.node_id for s, p in zip(self.specs, self.procs) if p.is_alive()}
+        alive = self._running_nodes()
         deadline = time.monotonic() + timeout_s
         while alive and time.monotonic() < deadline:
             try:
                 msg = self.out_q.get(timeout=1.0)
             except queue.Empty:
-                alive &= {s.node_id for s, p in zip(self.specs, self.procs) if p.is_alive()}
+                alive &= self._running_nodes()
                 continue
             if msg[0] in ("stopped", "error"):
                 alive.discard(msg[1])

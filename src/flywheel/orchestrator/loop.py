@@ -130,7 +130,6 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     received: list[list[Trajectory]] = []  # every group since the last step
     busy_s = 0.0
     previous_handlers = _install_stop_handlers(stop_event)
-    t_start = time.monotonic()
     try:
         source.start(timeout_s=cfg.orchestrator.start_timeout_s)  # inside: an engine that fails to start is stopped too
         t_start = time.monotonic()
