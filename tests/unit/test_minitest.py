@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,27 @@ def test_output_exit_codes_and_junit(tmp_path):
     r = _run(tmp_path, "test_calc.py::test_ok", "test_calc.py::TestMore::test_in_class")
     assert r.returncode == 0 and r.stdout.rstrip().endswith("\n2 passed")
 
+
+
+def test_report_holds_any_output_and_the_runner_imports_little(tmp_path):
+    """A test that prints control characters and markup still gives a readable report (ElementTree wrote them
+    raw, which no XML parser reads back); and the runner's start stays lean: the heavy stdlib modules it used to
+    import on every run (half its time in a sandbox) load on no path but a syntax error's."""
+    _write(tmp_path, {"test_noise.py": (
+        "class Boom(Exception):\n    pass\n\n\n"
+        "def test_noisy():\n    print('bell\\x07 <b>&amp;\"')\n    assert 1 + 1 == 3\n\n\n"
+        "def test_custom():\n    raise Boom('x\\x01y')\n\n\ndef test_ok():\n    pass\n")})
+    r = subprocess.run([sys.executable, "-X", "importtime", str(RUNNER), "--junitxml=r.xml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "assert 2 == 3" in r.stdout
+    assert "FAILED test_noise.py::test_custom - test_noise.Boom: x\x01y" in r.stdout
+    xml = (tmp_path / "r.xml").read_text()
+    assert parse_junit(xml) == {("test_noise", "test_noisy"): "failed", ("test_noise", "test_custom"): "failed",
+                                ("test_noise", "test_ok"): "passed"}
+    assert "bell\ufffd <b>&amp;" in ET.fromstring(xml).find(".//failure").text
+    imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "_ast" in imported and not imported & {"ast", "traceback", "linecache", "xml.etree.ElementTree",
+                                                  "contextlib", "importlib.util"}, sorted(imported)
 
 def test_collection_errors_and_hard_exits(tmp_path):
     _write(tmp_path, {"core.py": "def f(:\n", "test_core.py": "from core import f\n\n\ndef test_f():\n    assert f()\n",

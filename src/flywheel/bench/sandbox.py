@@ -8,7 +8,9 @@ so that machine noise hits both alike:
 * burst: 200 sandboxes of that task submitted at once to a thread pool; sandboxes/s until all have run
   and closed;
 * grading throughput: synthetic tasks (`envs.synth.generate_tasks`) with their known solution graded by
-  `envs.reward.grade` (hidden tests in a fresh sandbox), tasks/s with one grading thread per core.
+  `envs.reward.grade` (hidden tests in a fresh sandbox), tasks/s with one grading thread per core;
+* the test runner: `python runtests.py` of a synthetic task, failing and fixed, in one sandbox, p50 over 40
+  runs each; baseline in the same sandbox, interleaved: `python -c pass`, the interpreter's start.
 
 Baselines measured in the same run: a bare `bwrap --ro-bind / / true` started like the sandboxes (in a
 session of its own; the burst also without, as the first version measured it) — the floor any bwrap
@@ -124,12 +126,37 @@ def _grading(num_tasks: int, num_threads: int) -> dict[str, object]:
             "wall_s": round(wall, 2), "mean_reward_of_solutions": round(statistics.fmean(r.value for r in rewards), 3)}
 
 
+def _runner(num_runs: int, kind: str) -> dict[str, object]:
+    """`python runtests.py -q --junitxml=...` (envs/minitest.py, what grading and `run_tests` run) on a synthetic
+    task, failing and fixed, in one sandbox; interleaved with `python -c pass`, the interpreter's floor."""
+    from flywheel.envs.synth import generate_tasks
+
+    task = generate_tasks(1, seed=0)[0]
+    cmds = {"failing": "python runtests.py -q --junitxml=/tmp/r.xml", "floor": "python -c pass"}
+    times: dict[str, list[float]] = {"failing": [], "passing": [], "floor": []}
+    tmp = Path(tempfile.mkdtemp(prefix="flywheel-bench-runner-"))
+    try:
+        for fixed in (False, True):
+            base = materialize_base({**task.files, **(task.solution if fixed else {})}, tmp / f"base{fixed}")
+            with create_sandbox(base, SandboxLimits(), kind=kind) as sb:
+                for _ in range(num_runs):
+                    for name, cmd in cmds.items():
+                        t = time.perf_counter()
+                        sb.run(cmd)
+                        key = "passing" if fixed and name == "failing" else name
+                        times[key].append((time.perf_counter() - t) * 1000)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"kind": kind, **{f"{k}_p50_ms": round(statistics.median(v), 1) for k, v in times.items()}}
+
+
 def run(args) -> dict:
     quick = bool(getattr(args, "quick", False))
     num_seq = 30 if quick else 200
     num_burst = 50 if quick else 200
     num_copy = 3 if quick else 10
     num_tasks = 4 if quick else 24
+    num_runner = 5 if quick else 40
     kinds = ["bwrap", "local"] if bwrap_available() else ["local"]
     limits = SandboxLimits()
     tmp = Path(tempfile.mkdtemp(prefix="flywheel-bench-sandbox-"))
@@ -176,6 +203,7 @@ def run(args) -> dict:
         # the same burst with one thread per sandbox: all of them really started at the same moment
         result["burst_one_thread_each"] = {k: _burst(base, limits, k, num_burst, num_burst) for k in kinds}
         result["grading"] = _grading(num_tasks, os.cpu_count() or 1)
+        result["runner"] = _runner(num_runner, kinds[0])
         result["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -188,6 +216,9 @@ def run(args) -> dict:
         "bwrap_burst_per_s": result["burst"].get("bwrap", {}).get("per_s"),
         "local_burst_per_s": result["burst"]["local"]["per_s"],
         "grades_per_s": result["grading"].get("grades_per_s"),
+        "runtests_failing_p50_ms": result["runner"]["failing_p50_ms"],
+        "runtests_passing_p50_ms": result["runner"]["passing_p50_ms"],
+        "python_floor_p50_ms": result["runner"]["floor_p50_ms"],
         "bwrap_cpu_ms_per_sandbox": result["sequential"].get("bwrap", {}).get("cpu_ms_per_sandbox"),
         "bare_bwrap_p50_ms": result.get("baseline_bare_bwrap", {}).get("p50_ms"),
         "bwrap_over_bare_p50": (round(result["sequential"]["bwrap"]["p50_ms"] / result["baseline_bare_bwrap"]["p50_ms"], 2)

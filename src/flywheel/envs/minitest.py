@@ -27,16 +27,15 @@ is not installed. Tests: tests/unit/test_minitest.py.
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import importlib.util
+import importlib.machinery
 import io
-import linecache
 import os
 import sys
 import time
-import traceback
-import xml.etree.ElementTree as ET
+
+# Start-up is most of this runner's cost (a task's tests take ~1 ms), so the module imports only what every
+# run needs: no ast.py, traceback (only for syntax errors), linecache, ElementTree (the JUnit XML is written
+# by hand), contextlib or importlib.util. Those imports doubled the time of a run in a sandbox (docs/sandbox.md).
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -74,11 +73,14 @@ def _load(path: str):
     directory = os.path.dirname(os.path.abspath(path))
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    name = os.path.basename(path)[:-3]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    name, location = os.path.basename(path)[:-3], os.path.abspath(path)
+    loader = importlib.machinery.SourceFileLoader(name, location)  # importlib.util's spec_from_file_location
+    spec = importlib.machinery.ModuleSpec(name, loader, origin=location)
+    spec.has_location = True
+    module = type(sys)(name)
+    module.__spec__, module.__loader__, module.__file__ = spec, loader, location
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    loader.exec_module(module)
     return module
 
 
@@ -120,18 +122,32 @@ def _no_fixtures(fn):
     return fn
 
 
-_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
-        ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
+_OPS = {"Eq": "==", "NotEq": "!=", "Lt": "<", "LtE": "<=", "Gt": ">", "GtE": ">=", "Is": "is", "IsNot": "is not",
+        "In": "in", "NotIn": "not in"}
+
+
+def source_line(filename: str, lineno: int) -> str:
+    """Line `lineno` of a source file, stripped ("" where it cannot be read): linecache without its imports."""
+    try:
+        with open(filename, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, start=1):
+                if n == lineno:
+                    return line.strip()
+    except OSError:
+        pass
+    return ""
 
 
 def explain(tb) -> list[str]:
     """For a failing `assert a OP b`: the values of both sides, evaluated in the failing frame."""
+    import _ast as ast  # the node classes and compile()'s AST flag, without ast.py's helpers (~20 ms to import)
+
     while tb.tb_next is not None:
         tb = tb.tb_next
     frame, lineno = tb.tb_frame, tb.tb_lineno
-    line = linecache.getline(frame.f_code.co_filename, lineno).strip()
+    line = source_line(frame.f_code.co_filename, lineno)
     try:
-        node = ast.parse(line).body[0]
+        node = compile(line, "<assert>", "exec", ast.PyCF_ONLY_AST).body[0]
     except (SyntaxError, IndexError):
         return []
     if not isinstance(node, ast.Assert) or not isinstance(node.test, ast.Compare) or len(node.test.ops) != 1:
@@ -142,42 +158,77 @@ def explain(tb) -> list[str]:
                   for s in sides]
     except Exception:  # re-evaluating has side effects or fails: show the line only
         return []
-    op_src = _OPS.get(type(node.test.ops[0]), "?")
+    op_src = _OPS.get(type(node.test.ops[0]).__name__, "?")
     out = [f"assert {values[0]!r} {op_src} {values[1]!r}"]
     for side, value in zip(sides, values):
         if not isinstance(side, ast.Constant):
-            out.append(f" +  where {value!r} = {ast.get_source_segment(line, side)}")
+            out.append(f" +  where {value!r} = {line.encode()[side.col_offset:side.end_col_offset].decode()}")
     return out
 
 
 def failure_text(err: BaseException) -> tuple[str, str]:
     """(one-line message, the report section) for a failed test, shaped like pytest's."""
-    tb = err.__traceback__
-    frames = traceback.extract_tb(tb)[1:] or traceback.extract_tb(tb)  # drop the runner's own frame
-    last = frames[-1]
-    lines = [f">       {last.line}"]
+    tb = last = err.__traceback__
+    while last.tb_next is not None:  # the innermost frame (the runner's own frame when it is the only one)
+        last = last.tb_next
+    filename, lineno = last.tb_frame.f_code.co_filename, last.tb_lineno
+    lines = [f">       {source_line(filename, lineno)}"]
     details = explain(tb) if isinstance(err, AssertionError) and not str(err) else []
     if details:
         lines += [f"E       {d}" for d in details]
         message = details[0]
     else:
-        message = "".join(traceback.format_exception_only(type(err), err)).strip()
+        message = exception_only(err)
         lines += [f"E       {m}" for m in message.splitlines()]
-    lines.append(f"{os.path.relpath(last.filename)}:{last.lineno}: {type(err).__name__}")
+    lines.append(f"{os.path.relpath(filename)}:{lineno}: {type(err).__name__}")
     return message.splitlines()[0] if message else type(err).__name__, "\n".join(lines)
 
 
+def exception_only(err: BaseException) -> str:
+    """`traceback.format_exception_only`, stripped; done here for the common case, as importing traceback
+    costs more than running a task's tests."""
+    if isinstance(err, SyntaxError) or getattr(err, "__notes__", None):
+        import traceback
+
+        return "".join(traceback.format_exception_only(type(err), err)).strip()
+    kind = type(err)
+    name = kind.__qualname__
+    if kind.__module__ not in ("__main__", "builtins"):
+        name = f"{kind.__module__}.{name}"
+    try:
+        text = str(err)
+    except Exception:
+        text = "<exception str() failed>"
+    return f"{name}: {text}".strip() if text else name
+
+
+# XML 1.0 cannot hold most control characters: a test printing one would make the report unreadable.
+_XML_BAD = {c: "\ufffd" for c in [*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0xFFFE, 0xFFFF]}
+_XML_TEXT = {ord("&"): "&amp;", ord("<"): "&lt;", ord(">"): "&gt;", **_XML_BAD}
+_XML_ATTR = {**_XML_TEXT, ord('"'): "&quot;", ord("\n"): "&#10;", ord("\r"): "&#13;", ord("\t"): "&#09;"}
+
+
+def _attrs(**values: object) -> str:
+    return "".join(f' {k}="{str(v).translate(_XML_ATTR)}"' for k, v in values.items())
+
+
 def write_junit(path: str, results: list[dict], elapsed_s: float) -> None:
-    suite = ET.Element("testsuite", name="runtests", tests=str(len(results)),
-                       failures=str(sum(r["status"] == "failed" for r in results)),
-                       errors=str(sum(r["status"] == "error" for r in results)), time=f"{elapsed_s:.3f}")
+    """pytest's JUnit XML shape (testsuites > testsuite > testcase [> failure|error]), written by hand."""
+    counts = {s: sum(r["status"] == s for r in results) for s in ("failed", "error")}
+    suite = _attrs(name="runtests", tests=len(results), failures=counts["failed"], errors=counts["error"],
+                   time=f"{elapsed_s:.3f}")
+    out = ["<?xml version='1.0' encoding='utf-8'?>\n<testsuites>", f"<testsuite{suite}>"]
     for r in results:
-        case = ET.SubElement(suite, "testcase", classname=r["classname"], name=r["name"], time=f"{r['time']:.3f}")
+        case = _attrs(classname=r["classname"], name=r["name"], time=f"{r['time']:.3f}")
         if r["status"] in ("failed", "error"):
-            ET.SubElement(case, "failure" if r["status"] == "failed" else "error", message=r["message"]).text = r["report"]
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+            tag = "failure" if r["status"] == "failed" else "error"
+            body = r["report"].translate(_XML_TEXT)
+            out.append(f"<testcase{case}><{tag}{_attrs(message=r['message'])}>{body}</{tag}></testcase>")
+        else:
+            out.append(f"<testcase{case} />")
+    out.append("</testsuite></testsuites>")
+    with open(path, "w", encoding="utf-8", errors="replace") as f:  # errors: lone surrogates from a test's output
+        f.write("".join(out))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,18 +250,23 @@ def main(argv: list[str] | None = None) -> int:
             module = _load(path)
         except BaseException as err:  # a syntax error in the code under test is a collection error
             errors += 1
+            import traceback
+
             sections.append(f"ERROR collecting {path}\n" + "".join(traceback.format_exception(err)).rstrip())
             continue
         for parts, test in collect(module, only):
             buf = io.StringIO()
             start = time.perf_counter()
+            real_stdout, sys.stdout = sys.stdout, buf  # contextlib.redirect_stdout, without importing contextlib
             try:
-                with contextlib.redirect_stdout(buf):
-                    _call(test)
+                _call(test)
                 status, message, report = "passed", "", ""
             except (Exception, SystemExit, KeyboardInterrupt) as err:
                 status = "failed"
+                sys.stdout = real_stdout
                 message, report = failure_text(err)
+            finally:
+                sys.stdout = real_stdout
                 if buf.getvalue():
                     report += "\n----- Captured stdout call -----\n" + buf.getvalue().rstrip()
             node = "::".join([path, *parts])
