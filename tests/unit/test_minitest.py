@@ -90,7 +90,6 @@ def test_output_exit_codes_and_junit(tmp_path):
     assert r.returncode == 0 and r.stdout.rstrip().endswith("\n2 passed")
 
 
-
 def test_report_holds_any_output_and_the_runner_imports_little(tmp_path):
     """A test that prints control characters and markup still gives a readable report (ElementTree wrote them
     raw, which no XML parser reads back); and the runner's start stays lean: the heavy stdlib modules it used to
@@ -110,6 +109,7 @@ def test_report_holds_any_output_and_the_runner_imports_little(tmp_path):
     imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
     assert "_ast" in imported and not imported & {"ast", "traceback", "linecache", "xml.etree.ElementTree",
                                                   "contextlib", "importlib.util"}, sorted(imported)
+
 
 def test_collection_errors_and_hard_exits(tmp_path):
     _write(tmp_path, {"core.py": "def f(:\n", "test_core.py": "from core import f\n\n\ndef test_f():\n    assert f()\n",

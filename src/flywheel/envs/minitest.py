@@ -35,7 +35,7 @@ import time
 
 # Start-up is most of this runner's cost (a task's tests take ~1 ms), so the module imports only what every
 # run needs: no ast.py, traceback (only for syntax errors), linecache, ElementTree (the JUnit XML is written
-# by hand), contextlib or importlib.util. Those imports doubled the time of a run in a sandbox (docs/sandbox.md).
+# by hand), contextlib or importlib.util. Those imports doubled the time of a run in a sandbox (docs/environments.md).
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -263,12 +263,12 @@ def main(argv: list[str] | None = None) -> int:
                 status, message, report = "passed", "", ""
             except (Exception, SystemExit, KeyboardInterrupt) as err:
                 status = "failed"
-                sys.stdout = real_stdout
+                sys.stdout = real_stdout  # as redirect_stdout's exit did: failure_text re-evaluates the assert
                 message, report = failure_text(err)
-            finally:
-                sys.stdout = real_stdout
                 if buf.getvalue():
                     report += "\n----- Captured stdout call -----\n" + buf.getvalue().rstrip()
+            finally:
+                sys.stdout = real_stdout
             node = "::".join([path, *parts])
             results.append({"classname": ".".join([classname, *parts[:-1]]), "name": parts[-1], "status": status,
                             "message": message, "report": report, "node": node,
