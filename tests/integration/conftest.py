@@ -1,21 +1,36 @@
 """The demo's mid-trained base policy, built once per test session for the tests that check learning.
 
-Mid-training the demo's base is the longest stage (the fixture took 498–550 s on a 2-core Intel CI host), so the
-tests that run RL on the demo's config (locally in test_demo_learns.py, on Ray in test_ray.py) share it. It is
-built by the same stage functions `flywheel train` runs (pipeline/prepare.py, pipeline/midtrain.py) and scored
-once on the held-out tasks; each test then runs the job with `model.path` pointing at it.
+Mid-training the demo's base is the longest stage (498–550 s on a 2-core Intel CI host, alone), so the tests
+that run RL on the demo's config (locally in test_demo_learns.py, on Ray in test_ray.py) share it, and it is
+built in the background (build_demo_base.py) while the rest of the suite runs:
+
+* when collection ends, a child process starts the build if any collected test uses `demo_base`; it runs at a
+  lower priority (nice 10) and on one torch thread, so the other tests keep the cores they had and the build
+  takes the time they leave idle (a lone run, e.g. `pytest tests/integration/test_demo_learns.py`, builds at
+  normal priority on every core);
+* the tests that use `demo_base` are moved to the end of the run; the fixture waits for the build.
+
+Each test then runs the job with `model.path` pointing at the base.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+from build_demo_base import DEMO_CONFIG
+
+_BUILD = pytest.StashKey["DemoBaseBuild"]()
+BUILD_TIMEOUT_S = 1800
 
 
 @dataclass
@@ -39,18 +54,54 @@ class DemoBase:
         shutil.copyfile(self.model_dir.parent / "eval_before.jsonl", run_dir / "eval_before.jsonl")
 
 
-@pytest.fixture(scope="session")
-def demo_base(tmp_path_factory) -> DemoBase:
-    from flywheel.config import load_config
-    from flywheel.pipeline.evaluation import evaluate_model
-    from flywheel.pipeline.midtrain import midtrain
-    from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
+class DemoBaseBuild:
+    """The background build: a child process in a session of its own, writing into a temporary root."""
 
-    root = tmp_path_factory.mktemp("demo-base")
-    cfg = load_config(str(DEMO_CONFIG), ["--run_dir", str(root)])
-    train, heldout = prepare_tasks(cfg, root)
-    tokenizer = prepare_tokenizer(cfg, root, train)
-    model_dir = midtrain(cfg, root, tokenizer, train)
-    pass1 = evaluate_model(cfg, model_dir, tokenizer, heldout, root / "cache" / "eval",
-                           out_jsonl=root / "eval_before.jsonl").pass_at[1]
-    return DemoBase(model_dir, root / "tokenizer", pass1)
+    def __init__(self, alone: bool) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="flywheel-demo-base-"))
+        extra = [] if alone else ["--nice", "10", "--midtrain.num_threads", "1"]
+        with open(self.root / "build.log", "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("build_demo_base.py")),
+                                          str(self.root), *extra], stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def result(self) -> DemoBase:
+        try:
+            rc = self.proc.wait(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise RuntimeError(f"building the demo base took over {BUILD_TIMEOUT_S} s; log: {self._log_tail()}")
+        if rc != 0 or not (self.root / "base.json").exists():
+            raise RuntimeError(f"building the demo base failed (exit {rc}):\n{self._log_tail()}")
+        pass1 = json.loads((self.root / "base.json").read_text())["pass1"]
+        return DemoBase(self.root / "base_model", self.root / "tokenizer", pass1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the build and its sandboxes
+            self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _log_tail(self) -> str:
+        return (self.root / "build.log").read_text(errors="replace")[-4000:]
+
+
+def _uses_base(item) -> bool:
+    return "demo_base" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_uses_base)  # stable: the tests on the demo's base last, in their order
+
+
+def pytest_collection_finish(session):
+    users = [item for item in session.items if _uses_base(item)]
+    if users and not session.config.option.collectonly:
+        build = DemoBaseBuild(alone=len(users) == len(session.items))
+        session.config.stash[_BUILD] = build
+        session.config.add_cleanup(build.stop)
+
+
+@pytest.fixture(scope="session")
+def demo_base(request) -> DemoBase:
+    return request.config.stash[_BUILD].result()
