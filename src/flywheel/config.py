@@ -79,7 +79,13 @@ class EnvConfig(Section):
     grade_timeout_s: float = Field(60.0, gt=0, le=86_400, description="wall-clock limit for grading")
     partial_credit: bool = Field(False, description="reward = fraction of hidden tests passed instead of all-or-nothing")
     require_submit: bool = Field(False, description="a session that ends without `submit` (at the turn, token or "
-                                 "time limit) earns no positive reward and counts as unsolved; its tests still run")
+                                 "time limit) earns no positive reward and counts as unsolved; its hidden tests are "
+                                 "not run unless `test_unsubmitted`")
+    test_unsubmitted: bool = Field(False, description="under `require_submit`, run the hidden tests of a session "
+                                   "that did not submit anyway (their results go to the logs only; costs a sandbox)")
+    grade_cache: int = Field(4096, ge=0, le=10_000_000, description="hidden-test results kept per process and reused "
+                             "for a byte-identical restored workspace of the same task (a group's sessions often end "
+                             "in the same tree); assumes deterministic tests; 0 = always run them")
     cheat_penalty: float = Field(1.0, ge=0, le=10, description="reward subtracted per anti-cheat flag")
     max_tool_calls: int = Field(64, ge=1, le=100_000, description="tool calls above this raise the spam flag")
     flag_penalties: dict[Literal["tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam"], float] = \

@@ -150,19 +150,24 @@ def test_rubric_judge_is_mixed_into_grade_from_a_worker_thread(tmp_path):
     assert "+" + task.meta["new"][0] in CharTokenizer().decode(engine.prompts[0])  # the judge saw the diff
 
 
-@pytest.mark.parametrize("require_submit", [False, True])
-def test_a_fix_left_unsubmitted_scores_only_when_submit_is_not_required(tmp_path, require_submit):
-    """`env.require_submit`: the same correct fix, once submitted and once left on disk at the turn limit."""
+@pytest.mark.parametrize("require_submit,test_unsubmitted", [(False, False), (True, False), (True, True)])
+def test_a_fix_left_unsubmitted_scores_only_when_submit_is_not_required(tmp_path, require_submit, test_unsubmitted):
+    """`env.require_submit`: the same correct fix, once submitted and once left on disk at the turn limit; the
+    unsubmitted session's hidden tests run only with `env.test_unsubmitted` (for the logs)."""
     from flywheel.rollout.evaluate import solved
     from flywheel.types import Trajectory
 
     task = generate_tasks(1, seed=3, difficulty="easy")[0]
     fix = [c for c in oracle_actions(task) if c.name != "submit"]
-    with CodingEnv(EnvConfig(require_submit=require_submit), tmp_path / "cache") as env:
+    cfg = EnvConfig(require_submit=require_submit, test_unsubmitted=test_unsubmitted, grade_cache=0)
+    with CodingEnv(cfg, tmp_path / "cache") as env:
         assert run_policy(env, task, [*fix, ToolCall("submit", {})]) == 1.0
         left = run_policy(env, task, fix)
         reward = env.grade()
     assert left == (0.0 if require_submit else 1.0)
-    assert reward.components["tests"] == 1.0  # the hidden tests still ran, and are logged
+    tested = not require_submit or test_unsubmitted
+    assert reward.components["tests"] == (1.0 if tested else 0.0)
+    assert reward.components.get("tests_not_run") == (None if tested else 1.0)
+    assert bool(reward.tests) == tested and set(reward.tests.values()) <= {"passed"}
     assert reward.components.get("not_submitted") == (1.0 if require_submit else None)
     assert solved(Trajectory(task_id=task.id, group_id="g", segments=[], reward=reward)) == (not require_submit)

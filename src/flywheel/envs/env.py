@@ -106,8 +106,12 @@ class CodingEnv:
             raise RuntimeError("call reset(task) before grade()")
         if self.reward is None:
             ws = Path(self.sandbox.workspace)
-            if self.grader is None:
-                reward = grade(self.task, ws, self.cfg, tool_log=self.harness.log, kind=self.sandbox_kind)
+            # Not submitted under require_submit: the test credit is withheld anyway, so no sandbox is spent
+            # on the tests (flags and their penalty still count).
+            untested = self.cfg.require_submit and not self.done and not self.cfg.test_unsubmitted
+            if self.grader is None or untested:
+                reward = grade(self.task, ws, self.cfg, tool_log=self.harness.log, kind=self.sandbox_kind,
+                               run_tests=not untested)
             else:
                 from flywheel.envs.changes import call_grader, capture_changes
 

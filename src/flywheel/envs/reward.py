@@ -19,6 +19,8 @@ How grading stays tamper-proof:
   non-test code), `outside_read` (a tool touched paths outside the workspace), `tool_spam` (more than
   `max_tool_calls` calls) — each costs `flag_penalties[flag]` (default `cheat_penalty`). Edited tests are
   therefore ignored *and* flagged.
+* A restored tree byte-identical to one already graded in this process reuses its test results
+  (envs/grade_cache.py, `env.grade_cache`); flags and penalty are always the session's own.
 * The rubric judge (`RubricJudge`) asks any flywheel engine to score weighted criteria 0-10 and is mixed in
   with `combine(reward, rubric, cfg)` by `test_weight` / `rubric_weight`.
 
@@ -297,56 +299,76 @@ def _put(root: Path, rel: str, text: str) -> None:
 
 
 def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] | None = None,
-          kind: str = "auto") -> Reward:
-    """Run the hidden tests on a restored copy of `workspace` in a fresh sandbox; flags and penalty included."""
-    from flywheel.envs.sandbox import SandboxLimits, create_sandbox
-
+          kind: str = "auto", run_tests: bool = True) -> Reward:
+    """Run the hidden tests on a restored copy of `workspace` in a fresh sandbox; flags and penalty included.
+    `run_tests=False` (a session that did not submit, see envs/env.py): flags and penalty only, no sandbox."""
     workspace = Path(workspace)
     changes = workspace_changes(task, workspace)
     flags = detect_flags(task, workspace, cfg, tool_log, changes)
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
-    components: dict[str, float] = {}
-    tmp = Path(tempfile.mkdtemp(prefix="flywheel-grade-"))
-    base = tmp / "base"
-    report: dict[tuple[str, str], str] = {}
-    try:
-        shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
-        try:
-            _restore(task, base)
-        except ValueError:
-            components["test_patch_failed"] = 1.0
-        else:
-            _base_permissions(base)
-            limits = SandboxLimits.from_config(cfg)
-            limits.timeout_s = cfg.grade_timeout_s
-            limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
-            name = f".fw-junit-{uuid.uuid4().hex}.xml"
-            files = " ".join(dict.fromkeys(_quote(file_of_test(t)) for t in test_ids))
-            with create_sandbox(base, limits, kind=kind) as sb:
-                res = sb.run(f"{task.test_command} -p no:cacheprovider --junitxml={name} {files}",
-                             timeout_s=cfg.grade_timeout_s, env=PYTEST_ENV)
-                if res.timed_out:
-                    components["timed_out"] = 1.0
-                xml_path = Path(sb.workspace) / name
-                if xml_path.is_file() and not xml_path.is_symlink():
-                    try:
-                        report = parse_junit(xml_path.read_text(encoding="utf-8", errors="replace"))
-                    except ValueError:
-                        components["bad_report"] = 1.0
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    status = statuses_of(test_ids, report)
+    if run_tests:
+        components, report = hidden_test_results(task, workspace, cfg, test_ids, kind)
+        status = statuses_of(test_ids, report)
+    else:
+        components, status = {"tests_not_run": 1.0}, {}
     tests = score_tests(status, cfg.partial_credit)
     penalty = penalty_of(flags, cfg)
     components.update(tests=tests, penalty=penalty)
     return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status)
 
 
+def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str],
+                        kind: str = "auto") -> tuple[dict[str, float], dict[tuple[str, str], str]]:
+    """(components, JUnit report) of the hidden tests on a restored copy of `workspace`: the sandbox run, or
+    the result of an identical restored tree from this process's cache (`components["tests_cached"]`)."""
+    from flywheel.envs.grade_cache import GRADE_CACHE, result_key
+    from flywheel.envs.sandbox import SandboxLimits, create_sandbox
+
+    components: dict[str, float] = {}
+    report: dict[tuple[str, str], str] = {}
+    files = " ".join(dict.fromkeys(_quote(file_of_test(t)) for t in test_ids))
+    command = f"{task.test_command} -p no:cacheprovider {files}"
+    tmp = Path(tempfile.mkdtemp(prefix="flywheel-grade-"))
+    base = tmp / "base"
+    try:
+        shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
+        try:
+            _restore(task, base)
+        except ValueError:
+            return {"test_patch_failed": 1.0}, report
+        _base_permissions(base)
+        key = result_key(task, command, kind, base) if cfg.grade_cache else None
+        cached = GRADE_CACHE.get(key)
+        if cached is not None:
+            return {**cached[0], "tests_cached": 1.0}, cached[1]
+        limits = SandboxLimits.from_config(cfg)
+        limits.timeout_s = cfg.grade_timeout_s
+        limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
+        name = f".fw-junit-{uuid.uuid4().hex}.xml"
+        with create_sandbox(base, limits, kind=kind) as sb:
+            res = sb.run(f"{task.test_command} -p no:cacheprovider --junitxml={name} {files}",
+                         timeout_s=cfg.grade_timeout_s, env=PYTEST_ENV)
+            if res.timed_out:
+                components["timed_out"] = 1.0
+            xml_path = Path(sb.workspace) / name
+            if xml_path.is_file() and not xml_path.is_symlink():
+                try:
+                    report = parse_junit(xml_path.read_text(encoding="utf-8", errors="replace"))
+                except ValueError:
+                    components["bad_report"] = 1.0
+        if not res.timed_out:
+            GRADE_CACHE.put(key, (components, report), cfg.grade_cache)
+        return components, report
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def unsubmitted(reward: Reward) -> Reward:
     """`reward` of a session that ended without `submit` under `env.require_submit`: the positive part is
-    withheld (a penalty stays), the test results stay for the logs, and `components["not_submitted"]` marks it
-    so evaluation does not count it as solved. Why: when the turn limit grades whatever is on disk, RL can learn
-    never to submit and to fill the turns with edits — one that lands can break a correct fix."""
+    withheld (a penalty stays), test results (only with `env.test_unsubmitted`) stay for the logs, and
+    `components["not_submitted"]` marks it so evaluation does not count it as solved. Why: when the turn limit
+    grades whatever is on disk, RL can learn never to submit and to fill the turns with edits — one that lands
+    can break a correct fix."""
     return Reward(value=min(reward.value, 0.0), components=dict(reward.components, not_submitted=1.0),
                   flags=list(reward.flags), tests=dict(reward.tests))
 

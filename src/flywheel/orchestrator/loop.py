@@ -83,9 +83,12 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     trajs = [t for g in groups for t in g]
     if not trajs:
         return {}
+    ran = [not (t.reward.components.get("tests_cached") or t.reward.components.get("tests_not_run")) for t in trajs]
     return {"rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
             "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
-            "rollout/num_all": float(len(trajs))}
+            "rollout/num_all": float(len(trajs)),
+            "rollout/submitted": statistics.fmean(float(bool(t.meta.get("submitted"))) for t in trajs),
+            "rollout/test_runs": statistics.fmean(map(float, ran))}  # sessions whose hidden tests ran in a sandbox
 
 
 def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_dir: Path, tasks: list[Task], *,
