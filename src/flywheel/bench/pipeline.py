@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> dict:
             ev = evaluate_model(cfg, run_dir / "final_model", tokenizer, heldout, run_dir / "cache" / "eval")
             pair[name] = {"wall_s": rl["wall_s"], "trainer_busy": rl["trainer_busy"], "steps": rl["steps"],
                           "rollouts": rl["rollouts"], "engine_busy": rl.get("engine/busy"),
+                          "rollouts_tested": rl["rollouts_tested"],  # hidden tests run in a sandbox, not cached
                           "staleness_hist": rl["staleness_hist"], "pass1": ev.pass_at[1]}
             per_task[name] = ev.per_task
             print(f"seed {pair['seed']} {name}: {pair[name]}", flush=True)

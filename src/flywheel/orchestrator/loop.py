@@ -83,12 +83,17 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     trajs = [t for g in groups for t in g]
     if not trajs:
         return {}
-    ran = [not (t.reward.components.get("tests_cached") or t.reward.components.get("tests_not_run")) for t in trajs]
     return {"rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
             "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
             "rollout/num_all": float(len(trajs)),
             "rollout/submitted": statistics.fmean(float(bool(t.meta.get("submitted"))) for t in trajs),
-            "rollout/test_runs": statistics.fmean(map(float, ran))}  # sessions whose hidden tests ran in a sandbox
+            "rollout/test_runs": statistics.fmean(map(float, map(tests_ran, trajs)))}
+
+
+def tests_ran(traj: Trajectory) -> bool:
+    """Whether grading ran the session's hidden tests in a sandbox (not from the grade cache, not skipped)."""
+    components = traj.reward.components
+    return not (components.get("tests_cached") or components.get("tests_not_run"))
 
 
 def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_dir: Path, tasks: list[Task], *,
@@ -129,7 +134,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     groups_per_batch = math.ceil(cfg.trainer.batch_size / cfg.rollout.group_size)
     outstanding = 0
     node_stats: dict = {}
-    num_rollouts = num_tokens = 0
+    num_rollouts = num_tokens = num_tested = 0
     received: list[list[Trajectory]] = []  # every group since the last step
     busy_s = 0.0
     previous_handlers = _install_stop_handlers(stop_event)
@@ -146,6 +151,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                 node_stats[node_id] = stats
                 outstanding = max(0, outstanding - 1)
                 num_rollouts += len(group)
+                num_tested += sum(map(tests_ran, group))
                 received.append(group)
                 num_tokens += sum(t.meta.get("num_sampled_tokens", 0) for t in group)
                 if buffer.admit(group, trainer.version, key=admitted.count) == "admitted":
@@ -186,7 +192,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         log.close()
     elapsed = time.monotonic() - t_start
     return {"steps": trainer.version, "wall_s": elapsed, "trainer_busy": busy_s / elapsed if elapsed else 0.0,
-            "rollouts": num_rollouts, "interrupted": stop_event.is_set(),
+            "rollouts": num_rollouts, "rollouts_tested": num_tested, "interrupted": stop_event.is_set(),
             "staleness_hist": dict(buffer.staleness_hist), **{f"buffer/{k}": v for k, v in buffer.counters.items()},
             **_node_metrics({0: final_stats} if final_stats else node_stats)}
 
