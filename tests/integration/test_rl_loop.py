@@ -56,6 +56,18 @@ def test_loop_trains_publishes_and_finishes(base, tmp_path, mode):
         assert set(out["staleness_hist"]) == {0}
 
 
+def test_a_paced_async_run_starts_no_more_groups_than_it_may(base, tmp_path):
+    """`max_ahead_batches = 1`: 2 groups in flight + 1 batch of 2 groups may be unretired at once, and
+    2 steps retire 4 (nothing is dropped here), so at most 8 groups are ever granted; the run finishes."""
+    root, tasks = base
+    run_dir = tmp_path / "paced"
+    cfg = config(run_dir, "async", 2).model_copy(deep=True)
+    cfg.orchestrator.max_ahead_batches = 1
+    out = run_rl(cfg, run_dir, root / "model", root / "tokenizer", tasks)
+    assert out["steps"] == 2 and steps_logged(run_dir) == [1, 2]
+    assert 4 <= out["groups_received"] <= out["groups_granted"] <= 8 + out["buffer/env_failures"]
+
+
 def test_stopped_run_resumes_without_losing_steps_or_trajectories(base, tmp_path):
     root, tasks = base
     run_dir = tmp_path / "resume"

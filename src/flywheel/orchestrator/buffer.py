@@ -36,6 +36,11 @@ class Buffer:
     def __len__(self) -> int:
         return sum(len(g) for g in self._groups)
 
+    @property
+    def num_groups(self) -> int:
+        """Groups waiting to be trained on."""
+        return len(self._groups)
+
     def admit(self, group: list[Trajectory], trainer_version: int, key: object = None) -> str:
         failed = [t for t in group if t.env_failure is not None or t.reward is None]
         group = [t for t in group if t.env_failure is None and t.reward is not None]

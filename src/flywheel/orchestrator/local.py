@@ -3,6 +3,7 @@
     source = LocalRollouts([spec], mode="async"); source.start()
     msg = source.get(timeout_s=1.0)      # ("group", node_id, [Trajectory, ...], stats) or None
     source.request(num_groups=4, min_version=3)   # sync mode only
+    source.allow(num_groups=2)                    # paced async mode: more group starts (orchestrator/pacing.py)
     source.stop()
 
 Why processes: torch forward and backward hold the GIL for long stretches; the trainer and the engine in
@@ -67,6 +68,8 @@ async def _serve(node, mode: str, out_q: mp.Queue, ctrl_q: mp.Queue) -> None:
         msg = await requests.get()
         if msg[0] == "stop":
             break
+        if msg[0] == "allow":
+            node.allow(msg[1])
         if msg[0] == "generate":
             _, num_groups, min_version = msg
             for group in await node.generate(num_groups, min_version):
@@ -90,6 +93,7 @@ class LocalRollouts:
         self.procs = [ctx.Process(target=_node_main, args=(s, mode, self.out_q, q), daemon=True, name=f"flywheel-node{s.node_id}")
                       for s, q in zip(specs, self.ctrl_qs)]
         self._next = 0
+        self._outstanding = {s.node_id: 0 for s in specs}  # paced: permits granted to a node minus groups it delivered
 
     def start(self, timeout_s: float = 300.0) -> None:
         for p in self.procs:
@@ -114,7 +118,23 @@ class LocalRollouts:
             return None
         if msg[0] == "error":
             raise RuntimeError(f"inference node {msg[1]} failed:\n{msg[2]}")
+        if msg[0] == "group" and self.mode == "async":
+            self._outstanding[msg[1]] -= 1
         return msg
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.specs)
+
+    def allow(self, num_groups: int) -> None:
+        """Paced async mode: `num_groups` more group starts, each to the node with the fewest outstanding."""
+        per = dict.fromkeys(self._outstanding, 0)
+        for _ in range(num_groups):
+            per[min(per, key=lambda n: self._outstanding[n] + per[n])] += 1
+        for spec, q in zip(self.specs, self.ctrl_qs):
+            if per[spec.node_id]:
+                self._outstanding[spec.node_id] += per[spec.node_id]
+                q.put(("allow", per[spec.node_id]))
 
     def request(self, num_groups: int, min_version: int) -> None:
         """Sync mode: ask the nodes, round-robin, for `num_groups` groups at `min_version` or newer."""

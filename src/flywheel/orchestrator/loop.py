@@ -4,7 +4,8 @@
 
 `mode = "async"`: the inference nodes never stop producing; the buffer admits groups whose staleness is
 at most `max_staleness` and drops the rest; the trainer steps as soon as it holds `batch_size`
-trajectories. `mode = "sync"`: request exactly a batch at the current version, train, publish, repeat —
+trajectories. With `max_ahead_batches > 0` production is paced instead: engines start a group only with a
+permit, and permits keep them at most that many batches ahead of the trainer (orchestrator/pacing.py). `mode = "sync"`: request exactly a batch at the current version, train, publish, repeat —
 the on-policy baseline. Backends differ only in the rollout source (local processes or Ray actors).
 
 Nothing admitted is lost: every admitted group is appended to `trajectories/admitted.jsonl` before it can
@@ -26,6 +27,7 @@ from typing import Callable
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.log import MetricsLog
 from flywheel.orchestrator.buffer import Buffer
+from flywheel.orchestrator.pacing import ahead_limit, paced, to_grant
 from flywheel.types import Task, Trajectory
 
 
@@ -133,6 +135,10 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     log = MetricsLog(run_dir, tensorboard=cfg.metrics.tensorboard)
     groups_per_batch = math.ceil(cfg.trainer.batch_size / cfg.rollout.group_size)
     outstanding = 0
+    # paced async mode (orchestrator/pacing.py): group starts are granted so that production runs at most
+    # `max_ahead_batches` batches ahead of the trainer
+    pace = paced(cfg)
+    num_granted = num_groups_received = 0
     node_stats: dict = {}
     num_rollouts = num_tokens = num_tested = 0
     received: list[list[Trajectory]] = []  # every group since the last step
@@ -142,6 +148,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         source.start(timeout_s=cfg.orchestrator.start_timeout_s)  # inside: an engine that fails to start is stopped too
         t_start = time.monotonic()
         while trainer.version < cfg.trainer.num_steps and not stop_event.is_set():
+            if pace:
+                num_granted += _grant(cfg, source, specs[0], num_granted, num_groups_received, buffer.num_groups)
             if sync and outstanding == 0 and len(buffer) < cfg.trainer.batch_size:
                 source.request(groups_per_batch, min_version=trainer.version)
                 outstanding = groups_per_batch
@@ -150,6 +158,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                 _, node_id, group, stats = msg
                 node_stats[node_id] = stats
                 outstanding = max(0, outstanding - 1)
+                num_groups_received += 1
                 num_rollouts += len(group)
                 num_tested += sum(map(tests_ran, group))
                 received.append(group)
@@ -159,6 +168,9 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
             batch = buffer.take(cfg.trainer.batch_size, trainer.version)
             if batch is None:
                 continue
+            # the batch's groups are retired: engines may start as many before the step, not after it
+            if pace:
+                num_granted += _grant(cfg, source, specs[0], num_granted, num_groups_received, buffer.num_groups)
             staleness = [trainer.version - t.min_version for t in batch if t.min_version >= 0]
             t0 = time.monotonic()
             metrics = trainer.step(batch)
@@ -192,9 +204,20 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         log.close()
     elapsed = time.monotonic() - t_start
     return {"steps": trainer.version, "wall_s": elapsed, "trainer_busy": busy_s / elapsed if elapsed else 0.0,
-            "rollouts": num_rollouts, "rollouts_tested": num_tested, "interrupted": stop_event.is_set(),
+            "rollouts": num_rollouts, "rollouts_tested": num_tested, "groups_received": num_groups_received,
+            "groups_granted": num_granted if pace else None, "interrupted": stop_event.is_set(),
             "staleness_hist": dict(buffer.staleness_hist), **{f"buffer/{k}": v for k, v in buffer.counters.items()},
             **_node_metrics({0: final_stats} if final_stats else node_stats)}
+
+
+def _grant(cfg: FlywheelConfig, source, spec, granted: int, received: int, waiting: int) -> int:
+    """Paced async mode: grant the engines the group starts that bring the unretired groups up to the limit
+    (orchestrator/pacing.py); returns how many were granted."""
+    limit = ahead_limit(cfg, source.num_engines, spec.max_groups_in_flight)
+    n = to_grant(limit, granted, received, waiting)
+    if n:
+        source.allow(n)
+    return n
 
 
 def build_rollouts(cfg: FlywheelConfig, specs: list):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.config import FlywheelConfig
+from flywheel.orchestrator.pacing import Permits, paced
 from flywheel.orchestrator.task_sampler import task_sampler
 from flywheel.types import Task, Trajectory
 
@@ -75,6 +76,9 @@ class InferenceNode:
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)
         self.sampler = task_sampler(spec.tasks, self.rng, self.cfg.orchestrator)
         self.num_groups = 0
+        # async pacing (orchestrator/pacing.py): paced, a group starts only with a permit the loop granted
+        self.permits = Permits(paced(self.cfg))
+        self._granted = asyncio.Event()  # set by allow(): new permits
         self.t_start = time.monotonic()
         self._busy_start = self.engine.busy_s
 
@@ -103,25 +107,37 @@ class InferenceNode:
         return self.subscriber.poll()
 
     async def produce(self, emit: Callable[[list[Trajectory]], None], stop: asyncio.Event) -> None:
-        """Async mode: keep `max_groups_in_flight` groups running; emit each as it completes."""
+        """Async mode: keep `max_groups_in_flight` groups running (paced: while permits last, see `allow`);
+        emit each as it completes."""
         in_flight: set[asyncio.Task] = set()
         while not stop.is_set():
             try:
                 await asyncio.to_thread(self.sync_weights)
             except Exception:  # the subscriber keeps its last good weights; production goes on
                 self._report("weight sync failed")
-            while len(in_flight) < self.spec.max_groups_in_flight:
+            while len(in_flight) < self.spec.max_groups_in_flight and self.permits.take():
                 in_flight.add(asyncio.ensure_future(self._group()))
-            done, in_flight = await asyncio.wait(in_flight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            self._granted.clear()  # paced: new permits wake the loop too, so a free slot is filled at once
+            granted = asyncio.ensure_future(self._granted.wait())
+            done, _ = await asyncio.wait({*in_flight, granted}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            granted.cancel()
+            done.discard(granted)
+            in_flight -= done
             for fut in done:
                 try:
                     emit(fut.result())
                 except Exception:  # a bug in one group (or in sending it) must not stop the node: count it, say why, go on
                     self.worker.counters["group_errors"] += 1
+                    self.permits.give(1)  # the group never reaches the loop: its permit starts another
                     self._report("a rollout group failed")
         for fut in in_flight:
             fut.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def allow(self, num_groups: int) -> None:
+        """Paced async mode: the loop grants `num_groups` more group starts (orchestrator/pacing.py)."""
+        self.permits.give(num_groups)
+        self._granted.set()
 
     def _report(self, what: str) -> None:
         print(f"flywheel node {self.spec.node_id}: {what}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)

@@ -47,6 +47,7 @@ from typing import Any
 
 from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.node import NodeSpec
+from flywheel.orchestrator.pacing import Permits, paced
 from flywheel.orchestrator.task_sampler import task_sampler
 
 STATS_EVERY_S = 2.0  # relay counters and the store's newest version are read at most this often
@@ -178,6 +179,8 @@ class RayRollouts:
         self._t_stats = 0.0
         self.graders: list = []  # GraderActor handles, given to every engine
         self._ready: deque[tuple[str, int, Any, dict]] = deque()  # groups collected but not yet returned
+        # paced async mode (orchestrator/pacing.py): fresh groups start only with a permit the loop granted
+        self.permits = Permits(paced(cfg))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -302,6 +305,16 @@ class RayRollouts:
             self.pending.append(self._new_job(min_version))
         self._fill()
 
+    @property
+    def num_engines(self) -> int:
+        """Engines in the pool now (joining ones included)."""
+        return len(self.engines)
+
+    def allow(self, num_groups: int) -> None:
+        """Paced async mode: `num_groups` more fresh groups may start, on whichever engines have room."""
+        self.permits.give(num_groups)
+        self._fill()
+
     def _new_job(self, min_version: int = 0) -> Job:
         self._num_jobs += 1
         index = self.sampler.next()
@@ -318,7 +331,7 @@ class RayRollouts:
             while len(e.inflight) < e.spec.max_groups_in_flight * depth:
                 if self.pending:
                     job = self.pending.popleft()
-                elif self.mode == "async":
+                elif self.mode == "async" and self.permits.take():
                     job = self._new_job()
                 else:
                     break
@@ -331,6 +344,7 @@ class RayRollouts:
         for job in e.inflight.values():
             if job.attempts >= self.cfg.orchestrator.ray_max_group_attempts:
                 self.counters["lost_groups"] += 1
+                self.permits.give(1)  # paced: a lost group never reaches the loop; its permit starts another
             else:
                 self.counters["requeued"] += 1
                 self.pending.appendleft(job)
@@ -399,6 +413,7 @@ class RayRollouts:
             except ray.exceptions.RayTaskError:  # the group itself failed (not the engine): count, go on
                 e.inflight.pop(ref)
                 self.counters["lost_groups"] += 1
+                self.permits.give(1)
                 continue
             job = e.inflight.pop(ref)
             self.sampler.observe_group(job.task_index, group)
