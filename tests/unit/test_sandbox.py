@@ -104,6 +104,23 @@ def test_run_basics_stdin_env_and_pytest_inside(kind: str, base: Path) -> None:
             sb.run("true", env={"A=B": "x"})
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_python_is_found_when_the_venv_is_reached_through_a_symlink(kind: str, base: Path, tmp_path: Path) -> None:
+    """A venv behind a symlink (e.g. a worktree's `.venv -> ../main/.venv`) is bound at its real path, and
+    the sandbox's PATH must name that path too: otherwise `python` is not found and every test run of a
+    grading reports nothing (every hidden test 'missing')."""
+    import subprocess
+
+    link = tmp_path / "venv-link"
+    link.symlink_to(os.path.realpath(sys.prefix), target_is_directory=True)
+    script = ("import sys; from pathlib import Path; from flywheel.envs.sandbox import SandboxLimits, create_sandbox\n"
+              f"with create_sandbox(Path({str(base)!r}), SandboxLimits(), {kind!r}) as sb:\n"
+              "    r = sb.run('python -c \"print(6 * 7)\"')\n"
+              "print(r.returncode, r.output.strip())\n")
+    out = subprocess.run([str(link / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split("\n")[-2] == "0 42", out.stdout + out.stderr
+
+
 def test_close_is_idempotent_and_refuses_later_runs(base: Path) -> None:
     sb = create_sandbox(base, SandboxLimits(), "local")
     sb.close()

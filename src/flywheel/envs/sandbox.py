@@ -198,7 +198,8 @@ def _python_roots() -> tuple[tuple[str, ...], str]:
         if p.startswith("/usr/") or p == "/usr" or any(p.startswith(r + "/") for r in roots):
             continue
         roots.append(p)
-    return tuple(roots), os.path.join(sys.prefix, "bin")
+    # the resolved path: a venv reached through a symlink is bound at its real path, so its bin/ is there
+    return tuple(roots), os.path.join(os.path.realpath(sys.prefix), "bin")
 
 
 def _default_path() -> str:

@@ -5,8 +5,9 @@
 `mode = "async"`: the inference nodes never stop producing; the buffer admits groups whose staleness is
 at most `max_staleness` and drops the rest; the trainer steps as soon as it holds `batch_size`
 trajectories. With `max_ahead_batches > 0` production is paced instead: engines start a group only with a
-permit, and permits keep them at most that many batches ahead of the trainer (orchestrator/pacing.py). `mode = "sync"`: request exactly a batch at the current version, train, publish, repeat —
-the on-policy baseline. Backends differ only in the rollout source (local processes or Ray actors).
+permit, and permits keep them at most that many batches ahead of the trainer (orchestrator/pacing.py).
+`mode = "sync"`: request exactly a batch at the current version, train, publish, repeat — the on-policy
+baseline. Backends differ only in the rollout source (local processes or Ray actors).
 
 Nothing admitted is lost: every admitted group is appended to `trajectories/admitted.jsonl` before it can
 be trained on, and a checkpoint records which of them were already consumed; `--resume` puts the rest
