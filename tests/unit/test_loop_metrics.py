@@ -1,0 +1,20 @@
+"""The loop's per-step figures of every group received (orchestrator/loop.py), with hand-made trajectories."""
+
+from flywheel.orchestrator.loop import received_metrics, tests_ran
+from flywheel.types import Reward, Trajectory
+
+
+def traj(value: float, submitted: bool, **components: float) -> Trajectory:
+    return Trajectory(task_id="t", group_id="g", reward=Reward(value, components={"tests": value, **components}),
+                      meta={"submitted": submitted})
+
+
+def test_sandbox_test_runs_and_submissions_are_counted_per_session():
+    ran, cached, skipped = traj(1.0, True), traj(1.0, True, tests_cached=1.0), traj(0.0, False, tests_not_run=1.0)
+    assert [tests_ran(t) for t in (ran, cached, skipped)] == [True, False, False]
+    m = received_metrics([[ran, cached], [skipped, traj(0.0, True)]])
+    assert m["rollout/num_all"] == 4.0
+    assert m["rollout/test_runs"] == 0.5  # `ran` and the last one
+    assert m["rollout/submitted"] == 0.75
+    assert m["rollout/reward_all"] == 0.5
+    assert received_metrics([]) == {}
