@@ -95,8 +95,11 @@ def test_engine_killed_mid_run_loses_no_group(cluster, base, tmp_path):
 
 def test_grader_actors_grade_and_a_killed_grader_loses_no_group(cluster, base, tmp_path):
     run_dir = tmp_path / "graders"
+    # test_unsubmitted: the demo config requires submit, and the tests of a session that did not submit are
+    # otherwise skipped in the engine (no grader involved); here every session goes to a grader actor
     cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--orchestrator.ray_num_graders", "2",
-                            "--orchestrator.ray_grader_num_cpus", "0.5", "--trainer.num_steps", "5"])
+                            "--orchestrator.ray_grader_num_cpus", "0.5", "--trainer.num_steps", "5",
+                            "--env.test_unsubmitted", "true"])
     killed = []
 
     def on_step(record):

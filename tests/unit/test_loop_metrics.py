@@ -1,6 +1,6 @@
 """The loop's per-step figures of every group received (orchestrator/loop.py), with hand-made trajectories."""
 
-from flywheel.orchestrator.loop import received_metrics, tests_ran
+from flywheel.orchestrator.loop import hidden_tests_ran, received_metrics
 from flywheel.types import Reward, Trajectory
 
 
@@ -11,7 +11,7 @@ def traj(value: float, submitted: bool, **components: float) -> Trajectory:
 
 def test_sandbox_test_runs_and_submissions_are_counted_per_session():
     ran, cached, skipped = traj(1.0, True), traj(1.0, True, tests_cached=1.0), traj(0.0, False, tests_not_run=1.0)
-    assert [tests_ran(t) for t in (ran, cached, skipped)] == [True, False, False]
+    assert [hidden_tests_ran(t) for t in (ran, cached, skipped)] == [True, False, False]
     m = received_metrics([[ran, cached], [skipped, traj(0.0, True)]])
     assert m["rollout/num_all"] == 4.0
     assert m["rollout/test_runs"] == 0.5  # `ran` and the last one

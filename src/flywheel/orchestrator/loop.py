@@ -90,10 +90,10 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
             "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
             "rollout/num_all": float(len(trajs)),
             "rollout/submitted": statistics.fmean(float(bool(t.meta.get("submitted"))) for t in trajs),
-            "rollout/test_runs": statistics.fmean(map(float, map(tests_ran, trajs)))}
+            "rollout/test_runs": statistics.fmean(map(float, map(hidden_tests_ran, trajs)))}
 
 
-def tests_ran(traj: Trajectory) -> bool:
+def hidden_tests_ran(traj: Trajectory) -> bool:
     """Whether grading ran the session's hidden tests in a sandbox (not from the grade cache, not skipped)."""
     components = traj.reward.components
     return not (components.get("tests_cached") or components.get("tests_not_run"))
@@ -161,7 +161,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                 outstanding = max(0, outstanding - 1)
                 num_groups_received += 1
                 num_rollouts += len(group)
-                num_tested += sum(map(tests_ran, group))
+                num_tested += sum(map(hidden_tests_ran, group))
                 received.append(group)
                 num_tokens += sum(t.meta.get("num_sampled_tokens", 0) for t in group)
                 if buffer.admit(group, trainer.version, key=admitted.count) == "admitted":
