@@ -18,3 +18,12 @@ def test_sandbox_test_runs_and_submissions_are_counted_per_session():
     assert m["rollout/submitted"] == 0.75
     assert m["rollout/reward_all"] == 0.5
     assert received_metrics([]) == {}
+
+
+def test_sessions_that_failed_outside_the_policy_are_left_out():
+    """An env failure has no reward (rollout/worker.py): counted by the buffer, not in these means."""
+    failed = Trajectory(task_id="t", group_id="g", env_failure="sandbox died")
+    assert not hidden_tests_ran(failed)
+    m = received_metrics([[traj(1.0, True), failed]])
+    assert m["rollout/num_all"] == 1.0 and m["rollout/reward_all"] == 1.0 and m["rollout/test_runs"] == 1.0
+    assert received_metrics([[failed]]) == {}

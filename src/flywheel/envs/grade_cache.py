@@ -35,7 +35,6 @@ def tree_digest(root: Path) -> str | None:
     h = hashlib.sha256()
     entries: list[tuple[str, str]] = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
         for name in dirnames + filenames:
             full = os.path.join(dirpath, name)
             entries.append((os.path.relpath(full, root), full))

@@ -80,10 +80,11 @@ def batch_metrics(batch: list[Trajectory]) -> dict[str, float]:
 
 def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     """Reward and pass rate of every group that arrived since the last step, dropped ones included: the
-    learning curve (the trained batch is biased towards mixed groups when uniform groups are dropped)."""
+    learning curve (the trained batch is biased towards mixed groups when uniform groups are dropped).
+    Sessions that failed outside the policy have no reward and are left out (the buffer counts them)."""
     from flywheel.rollout.evaluate import solved
 
-    trajs = [t for g in groups for t in g]
+    trajs = [t for g in groups for t in g if t.reward is not None]
     if not trajs:
         return {}
     return {"rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
@@ -94,7 +95,10 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
 
 
 def hidden_tests_ran(traj: Trajectory) -> bool:
-    """Whether grading ran the session's hidden tests in a sandbox (not from the grade cache, not skipped)."""
+    """Whether grading ran the session's hidden tests in a sandbox (not from the grade cache, not skipped;
+    a session that failed outside the policy was not graded)."""
+    if traj.reward is None:
+        return False
     components = traj.reward.components
     return not (components.get("tests_cached") or components.get("tests_not_run"))
 
