@@ -102,6 +102,7 @@ class Reward:
     components: dict[str, float] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)  # anti-cheat flags raised
     tests: dict[str, str] = field(default_factory=dict)  # test id -> passed/failed/error/skipped/missing
+    notes: list[str] = field(default_factory=list)  # why a flag was raised (grading integrity), for people
 
 
 @dataclass

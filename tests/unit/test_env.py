@@ -128,7 +128,7 @@ def test_rubric_judge_is_mixed_into_grade_from_a_worker_thread(tmp_path):
 
     from test_reward import CharTokenizer, ScriptedEngine, TextChat
 
-    from flywheel.envs.reward import RubricJudge
+    from flywheel.envs.judge import RubricJudge
 
     task = generate_tasks(1, seed=13, difficulty="easy")[0]
     cfg = EnvConfig(rubric_weight=0.5)

@@ -12,15 +12,12 @@ import pytest
 from test_tasks import FIX, make_repo
 
 from flywheel.config import EnvConfig
+from flywheel.envs.judge import RubricJudge, RubricScore, combine, parse_scores
 from flywheel.envs.reward import (
-    RubricJudge,
-    RubricScore,
-    combine,
     detect_flags,
     grade,
     junit_key,
     parse_junit,
-    parse_scores,
     score_tests,
     statuses_of,
     workspace_diff,
@@ -98,7 +95,8 @@ def test_process_exit_in_the_solution_fails_and_is_flagged(tmp_path, task):
 def test_skipped_tests_count_as_failed(tmp_path, task):
     src = "import pytest\npytest.skip('later', allow_module_level=True)\n" + FIXED
     r = grade(task, workspace(tmp_path, task, **{"calc.py": src}), EnvConfig())
-    assert r.value == 0.0 and set(r.tests.values()) <= {"skipped", "missing"}
+    assert set(r.tests.values()) <= {"skipped", "missing"} and r.components["tests"] == 0.0
+    assert r.flags == ["framework_patch"]  # pytest named in non-test code (envs/integrity.py)
 
 
 def test_tool_log_flags(tmp_path, task):

@@ -118,7 +118,8 @@ class CodingEnv:
                 changes = capture_changes(self.base, ws)
                 reward = call_grader(self.grader, self.task, changes, list(self.harness.log))
             if self.judge is not None and self.cfg.rubric_weight > 0:
-                from flywheel.envs.reward import combine, workspace_diff
+                from flywheel.envs.judge import combine
+                from flywheel.envs.reward import workspace_diff
 
                 coro = self.judge.score(self.task, diff=workspace_diff(self.task, ws))
                 if self.loop is not None:

@@ -1,30 +1,35 @@
-"""Reward: hidden tests in a fresh sandbox, anti-cheat flags, and an optional LLM-judge rubric.
+"""Reward: hidden tests in a fresh sandbox, with a verdict that code under test cannot decide, and anti-cheat flags.
 
     reward = grade(task, sandbox.workspace, cfg.env, tool_log=harness.log)
     reward.value, reward.components, reward.flags, reward.tests     # tests: id -> passed/failed/error/...
+    reward.notes                                                    # why an integrity flag was raised
 
-How grading stays tamper-proof:
-* It never runs in the agent's sandbox. The agent's final workspace is copied; every test file the task
-  started with (`test_*.py`, `*_test.py`, `conftest.py`) is restored, test files and conftest.py files
-  the agent added are deleted, pytest config files (pytest.ini, tox.ini, setup.cfg, pyproject.toml) are
-  restored; then the hidden files (a shipped test runner among them) are written and a SWE-bench
-  `test_patch` applied. The copy becomes the
-  base of a brand-new sandbox where the test command runs with third-party plugin autoload off.
-* Results are per test, from pytest's JUnit XML (written at the end of the session, after every test has
-  run, so code under test cannot pre-write it). A test that is skipped, errors, or is missing from the
-  report (the process died, `os._exit`, a timeout) counts as failed.
+How grading resists a policy that cheats (defence in depth; tests/redteam/ is the proof of what it stops):
+* It never runs in the agent's sandbox. The agent's final workspace is copied; files that would shadow the
+  runner or the interpreter's start-up (`sitecustomize.py`, `*.pth`, `pytest.py`, `_pytest/`, standard-library
+  names beside the tests, envs/integrity.py) are deleted; every test file and pytest config the task started
+  with is restored, test files and conftest.py files the agent added are deleted; then the hidden files (a
+  shipped test runner among them) are written and a SWE-bench `test_patch` applied. The copy becomes the base
+  of a brand-new sandbox where the test command runs with third-party plugin autoload off.
+* The runner's report is not trusted on its own (envs/guard.py): each test file gets a canary that must fail
+  and a wrapper that signs, with a per-grading key that no code under test can read, a proof that the real test
+  body returned. A test reported passed without a proof, a canary reported passed, or a forged proof record is
+  the flag `runner_tampered`: no test credit at all.
+* Results are per test, from the JUnit XML. A test that is skipped, errors, or is missing from the report (the
+  process died, `os._exit`, a timeout) counts as failed.
 * Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0 (`partial_credit`: the fraction
-  passed). Anti-cheat flags are detected on the agent's workspace and tool log — `tests_edited`,
-  `conftest_added` (or a pytest plugin/config), `sys_exit` (`sys.exit`/`os._exit`/`exit()` added to
-  non-test code), `outside_read` (a tool touched paths outside the workspace), `tool_spam` (more than
-  `max_tool_calls` calls) — each costs `flag_penalties[flag]` (default `cheat_penalty`). Edited tests are
-  therefore ignored *and* flagged.
-* A restored tree byte-identical to one already graded in this process reuses its test results
+  passed); minus `flag_penalties[flag]` (default `cheat_penalty`) per flag:
+  `tests_edited`, `conftest_added` (conftest.py, a pytest plugin, a changed pytest config), `sys_exit`
+  (exit calls added to non-test code), `outside_read` (a tool call referred to a path outside the workspace
+  and the sandbox's system directories), `tool_spam` (more than `max_tool_calls` calls), the static flags of
+  envs/integrity.py (`framework_patch`, `interpreter_hook`, `always_equal`, `runner_shadowed`) and
+  `runner_tampered`.
+* A restored tree byte-identical to one already graded in this process reuses its verdict
   (envs/grade_cache.py, `env.grade_cache`); flags and penalty are always the session's own.
-* The rubric judge (`RubricJudge`) asks any flywheel engine to score weighted criteria 0-10 and is mixed in
-  with `combine(reward, rubric, cfg)` by `test_weight` / `rubric_weight`.
+* The rubric judge (envs/judge.py) is mixed in with `combine(reward, rubric, cfg)`.
 
-The test command must be pytest-compatible (it gets `-p no:cacheprovider --junitxml=FILE` and test files).
+The test command must be pytest-compatible (it gets `-p no:cacheprovider --junitxml=FILE` and test files) and
+must run the tests in the Python process it starts (no xdist workers): the grading guard lives there.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import difflib
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -41,9 +47,12 @@ import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from flywheel.config import EnvConfig
+from flywheel.envs import guard
+from flywheel.envs.grade_cache import GRADE_CACHE, result_key
+from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
+from flywheel.envs.sandbox import SandboxLimits, create_sandbox
 from flywheel.envs.tasks import (
     _base_permissions,
     file_of_test,
@@ -51,9 +60,9 @@ from flywheel.envs.tasks import (
     original_file,
     original_paths,
 )
-from flywheel.types import Message, Reward, SamplingParams, Task
+from flywheel.types import Reward, Task
 
-FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam")
+FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam", *STATIC_FLAGS, "runner_tampered")
 PYTEST_CONFIGS = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}  # never copied to grading (changes.py captures the same)
 _EXIT_RX = re.compile(r"\batexit\b|\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|\bos\s*\.\s*kill\b|(?<![\w.])(?:exit|quit)\s*\(")
@@ -170,6 +179,29 @@ def workspace_diff(task: Task, workspace: Path, max_chars: int = 8000) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + "\n[... diff truncated ...]\n"
 
 
+def hidden_test_files(task: Task) -> list[str]:
+    """The test files grading runs (one per hidden test id's file, in order)."""
+    return list(dict.fromkeys(file_of_test(t) for t in task.fail_to_pass + task.pass_to_pass))
+
+
+_PYTEST_SECTION_RX = re.compile(r"^\s*\[(?:pytest|tool:pytest|tool\.pytest[\w.]*)\]\s*$")
+
+
+def pytest_settings(text: str) -> list[str]:
+    """The lines of a config file that pytest reads: its sections (`[pytest]`, `[tool:pytest]`,
+    `[tool.pytest.ini_options]`) and any `addopts`. A change to them is a change to how tests run."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("["):
+            inside = bool(_PYTEST_SECTION_RX.match(line))
+            if inside:
+                out.append(line.strip())
+            continue
+        if (inside or re.match(r"\s*addopts\b", line)) and line.strip() and not line.lstrip().startswith(("#", ";")):
+            out.append(line.strip())
+    return out
+
+
 def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dict] | None = None,
                  changes: WorkspaceChanges | None = None) -> list[str]:
     """The anti-cheat flags raised by the agent's final workspace and tool log (each at most once)."""
@@ -180,8 +212,9 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
         flags.append("tests_edited")
     changed_text = {**ch.added, **{p: new for p, (_, new) in ch.modified.items()}}
     plugin = any(Path(p).name == "conftest.py" for p in set(changed_text) | set(ch.deleted))
-    plugin |= any(Path(p).name in PYTEST_CONFIGS and "pytest" in text for p, text in changed_text.items())
-    plugin |= any(p.endswith(".pth") for p in ch.added)
+    plugin |= any(Path(p).name in PYTEST_CONFIGS and pytest_settings(text) for p, text in ch.added.items())
+    plugin |= any(Path(p).name in PYTEST_CONFIGS and pytest_settings(old) != pytest_settings(new)
+                  for p, (old, new) in ch.modified.items())
     plugin |= any(p.endswith(".py") and _PLUGIN_RX.search(text) for p, text in changed_text.items())
     if plugin:
         flags.append("conftest_added")
@@ -196,6 +229,7 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
         flags.append("outside_read")
     if len(log) > cfg.max_tool_calls:
         flags.append("tool_spam")
+    flags += static_flags(ch.added, ch.modified, test_dirs_of(hidden_test_files(task)))
     return flags
 
 
@@ -306,48 +340,56 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
     changes = workspace_changes(task, workspace)
     flags = detect_flags(task, workspace, cfg, tool_log, changes)
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
+    notes: list[str] = []
     if run_tests:
-        components, report = hidden_test_results(task, workspace, cfg, test_ids, kind)
+        components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind)
         status = statuses_of(test_ids, report)
+        if components.get("runner_tampered"):
+            flags.append("runner_tampered")
     else:
         components, status = {"tests_not_run": 1.0}, {}
-    tests = score_tests(status, cfg.partial_credit)
+    tests = 0.0 if "runner_tampered" in flags else score_tests(status, cfg.partial_credit)
     penalty = penalty_of(flags, cfg)
     components.update(tests=tests, penalty=penalty)
-    return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status)
+    return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status,
+                  notes=notes)
 
 
-def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str],
-                        kind: str = "auto") -> tuple[dict[str, float], dict[tuple[str, str], str]]:
-    """(components, JUnit report) of the hidden tests on a restored copy of `workspace`: the sandbox run, or
-    the result of an identical restored tree from this process's cache (`components["tests_cached"]`)."""
-    from flywheel.envs.grade_cache import GRADE_CACHE, result_key
-    from flywheel.envs.sandbox import SandboxLimits, create_sandbox
-
+def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto"
+                        ) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
+    """(components, JUnit report reconciled with the guard's proofs, tamper notes) of the hidden tests on a
+    restored copy of `workspace`: the sandbox run, or the verdict on an identical restored tree from this
+    process's cache (`components["tests_cached"]`)."""
     components: dict[str, float] = {}
     report: dict[tuple[str, str], str] = {}
-    files = " ".join(dict.fromkeys(_quote(file_of_test(t)) for t in test_ids))
+    test_files = list(dict.fromkeys(file_of_test(t) for t in test_ids))
+    files = " ".join(shlex.quote(f) for f in test_files)
     command = f"{task.test_command} -p no:cacheprovider {files}"
     tmp = Path(tempfile.mkdtemp(prefix="flywheel-grade-"))
     base = tmp / "base"
     try:
         shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
+        sanitize(base, set(original_paths(task)) | set(task.hidden_files), test_dirs_of(test_files))
         try:
             _restore(task, base)
         except ValueError:
-            return {"test_patch_failed": 1.0}, report
+            return {"test_patch_failed": 1.0}, report, []
         _base_permissions(base)
         key = result_key(task, command, kind, base) if cfg.grade_cache else None
         cached = GRADE_CACHE.get(key)
         if cached is not None:
-            return {**cached[0], "tests_cached": 1.0}, cached[1]
+            comps, report = cached
+            notes = ["the cached verdict of an identical tree: runner tampered"] if comps.get("runner_tampered") else []
+            return {**comps, "tests_cached": 1.0}, report, notes
+        armed = guard.arm(base, test_files)
         limits = SandboxLimits.from_config(cfg)
         limits.timeout_s = cfg.grade_timeout_s
         limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
         name = f".fw-junit-{uuid.uuid4().hex}.xml"
         with create_sandbox(base, limits, kind=kind) as sb:
             res = sb.run(f"{task.test_command} -p no:cacheprovider --junitxml={name} {files}",
-                         timeout_s=cfg.grade_timeout_s, env=PYTEST_ENV)
+                         timeout_s=cfg.grade_timeout_s,
+                         env={**PYTEST_ENV, "PYTHONPATH": armed.pythonpath(sb.inner_workspace)})
             if res.timed_out:
                 components["timed_out"] = 1.0
             xml_path = Path(sb.workspace) / name
@@ -356,9 +398,13 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
                     report = parse_junit(xml_path.read_text(encoding="utf-8", errors="replace"))
                 except ValueError:
                     components["bad_report"] = 1.0
+            verdict = guard.check(armed, Path(sb.workspace), report, test_ids, junit_key)
+        report = verdict.report
+        if verdict.tampered:
+            components["runner_tampered"] = 1.0
         if not res.timed_out:
             GRADE_CACHE.put(key, (components, report), cfg.grade_cache)
-        return components, report
+        return components, report, verdict.tampered
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -370,89 +416,4 @@ def unsubmitted(reward: Reward) -> Reward:
     grades whatever is on disk, RL can learn never to submit and to fill the turns with edits — one that lands
     can break a correct fix."""
     return Reward(value=min(reward.value, 0.0), components=dict(reward.components, not_submitted=1.0),
-                  flags=list(reward.flags), tests=dict(reward.tests))
-
-
-def _quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
-
-
-# ---------------------------------------------------------------------------------------------
-# Rubric judge
-
-
-JUDGE_SYSTEM = ("You grade the work of a coding agent. For each criterion give a score from 0 (bad) to 10 "
-                "(excellent). Reply with exactly one line per criterion: `<name>: <score>`.")
-
-
-def parse_scores(text: str, names: list[str]) -> dict[str, float]:
-    """`name: 7` lines (or a JSON-ish `"name": 7`) -> {name: 0.7}; criteria not found are absent."""
-    out: dict[str, float] = {}
-    for name in names:
-        m = re.search(rf"{re.escape(name)}[\"'*]*\s*[:=]?\s*(-?\d+(?:\.\d+)?)", text, re.IGNORECASE)
-        if m:
-            out[name] = min(max(float(m.group(1)), 0.0), 10.0) / 10.0
-    return out
-
-
-@dataclass
-class RubricScore:
-    value: float  # weighted mean in [0, 1]; a criterion the judge did not score counts 0
-    scores: dict[str, float]
-    text: str
-    num_missing: int
-
-
-class RubricJudge:
-    """An LLM judge over weighted criteria, through any flywheel `Engine` and `ChatFormat`.
-
-        judge = RubricJudge(engine, ChatFormat(tokenizer), [("correct", 2.0, "the fix is right"),
-                                                           ("minimal", 1.0, "no unrelated changes")])
-        score = await judge.score(task, diff=workspace_diff(task, ws))
-        reward = combine(test_reward, score, cfg.env)
-    """
-
-    def __init__(self, engine: Any, chat_format: Any, criteria: list[tuple[str, float, str]], *,
-                 max_new_tokens: int = 96, temperature: float = 0.0) -> None:
-        if not criteria:
-            raise ValueError("a rubric needs at least one (name, weight, description) criterion")
-        for c in criteria:
-            if not (isinstance(c, (tuple, list)) and len(c) == 3 and isinstance(c[0], str) and c[0].strip()
-                    and isinstance(c[1], (int, float)) and c[1] >= 0 and isinstance(c[2], str)):
-                raise ValueError(f"rubric criterion {c!r} must be (name: str, weight >= 0, description: str)")
-        if sum(c[1] for c in criteria) <= 0:
-            raise ValueError("rubric weights must not all be 0")
-        self.engine, self.chat = engine, chat_format
-        self.criteria = [(str(n), float(w), str(d)) for n, w, d in criteria]
-        self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
-                                       stop_token_ids=list(getattr(chat_format, "stop_token_ids", [])))
-
-    def messages(self, task: Task, diff: str = "", transcript: str = "") -> list[Message]:
-        crit = "\n".join(f"- {n} (weight {w:g}): {d}" for n, w, d in self.criteria)
-        user = f"Task:\n{task.problem}\n\nChanges:\n{diff or '(none)'}\n"
-        if transcript:
-            user += f"\nTranscript:\n{transcript[-4000:]}\n"
-        user += f"\nCriteria:\n{crit}"
-        return [Message("system", JUDGE_SYSTEM), Message("user", user)]
-
-    async def score(self, task: Task, diff: str = "", transcript: str = "") -> RubricScore:
-        ids = self.chat.render(self.messages(task, diff, transcript))
-        gen = await self.engine.generate(ids, self.sampling)
-        text = self.chat.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        names = [n for n, _, _ in self.criteria]
-        scores = parse_scores(text, names)
-        total_w = sum(w for _, w, _ in self.criteria)
-        value = sum(w * scores.get(n, 0.0) for n, w, _ in self.criteria) / total_w
-        return RubricScore(value=value, scores=scores, text=text, num_missing=len(names) - len(scores))
-
-
-def combine(reward: Reward, rubric: RubricScore | float, cfg: EnvConfig) -> Reward:
-    """Test reward and rubric mixed by `test_weight` / `rubric_weight`; the penalty is kept as is."""
-    r = rubric.value if isinstance(rubric, RubricScore) else float(rubric)
-    tests = reward.components.get("tests", 0.0)
-    penalty = reward.components.get("penalty", 0.0)
-    comps = dict(reward.components, rubric=r)
-    return Reward(value=cfg.test_weight * tests + cfg.rubric_weight * r + penalty, components=comps,
-                  flags=list(reward.flags), tests=dict(reward.tests))
+                  flags=list(reward.flags), tests=dict(reward.tests), notes=list(reward.notes))

@@ -146,7 +146,8 @@ class ExecResult:
 
 class Sandbox(Protocol):
     kind: str
-    workspace: Path
+    workspace: Path  # on the host
+    inner_workspace: str  # the same directory as commands inside the sandbox see it
 
     def run(self, command: str, timeout_s: float | None = None, stdin: str | None = None,
             env: dict[str, str] | None = None) -> ExecResult: ...
@@ -337,6 +338,7 @@ class _BaseSandbox(abc.ABC):
                 _UIDS.release(self.uid)
             raise
         self.workspace = self._ws.path
+        self.inner_workspace = str(self.workspace)
         _LIVE.add(self)
 
     # The script bash runs: limits first (hard and soft, so the command cannot raise them), then the command.
@@ -527,6 +529,7 @@ class BwrapSandbox(_BaseSandbox):
 
     def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
         super().__init__(base, limits, tmp_root)
+        self.inner_workspace = BWRAP_WORKSPACE
         # As root, one network namespace lent for the sandbox's life (`netns.py`) instead of a new one per
         # command (--unshare-net), which costs ~20 % of a bwrap start.
         self._netns = netns.POOL.acquire() if netns.available() else None

@@ -1,0 +1,110 @@
+"""The grading guard that runs inside the test process: proofs of completed tests, signed with a key no code
+under test can read.
+
+Grading (envs/guard.py) writes this file as `sitecustomize.py` into a directory with a random name, next to a
+`guard.json` holding a fresh key and nonce, and puts that directory first on PYTHONPATH. Python imports
+`sitecustomize` while it starts, before pytest or runtests.py and before any file of the workspace, so:
+
+1. the key is read and both files are deleted before code under test can exist (the key then lives only in an
+   HMAC object inside closures; the module that exposes them is registered under the nonce's name);
+2. an `alive` record is signed at once: its absence means the test command did not start Python the usual way;
+3. every test file grading runs ends with `wrap(globals(), "<path>")`, which wraps each `test*` function (module
+   level and in the file's classes): only when the real test body returns does the wrapper append a signed
+   proof `(seq, file, name)` to the proof file. A runner patched to skip tests, a forged JUnit report or a
+   replaced `__code__` leaves a "passed" without a proof, which grading treats as tampering.
+
+Code under test can still truncate the proof file (every test then fails) or hunt the key through
+introspection (frames, gc, closures): grading flags those constructs statically (envs/integrity.py).
+Standard library only: it runs with the sandbox's Python, where flywheel is not installed. Imports are few,
+as this runs at every start of the test process (runtests.py starts in ~60 ms).
+"""
+
+import hmac
+import json
+import os
+import sys
+
+
+def _install() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    config_path = os.path.join(here, "guard.json")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except OSError:  # a child process after the first one: the key is gone, so no proofs from here
+        return
+    for path in (config_path, os.path.abspath(__file__)):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    mac = hmac.new(bytes.fromhex(config["key"]), digestmod="sha256")
+    nonce = config["nonce"]
+    fd = os.open(os.path.join(here, "proofs"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    seq = [0]
+    write, getpid = os.write, os.getpid  # bound now: code under test may later replace os.write
+    pid = getpid()
+    module = type(sys)(config["module"])
+
+    def sign(file: str, name: str) -> None:
+        if getpid() != pid:  # a forked child would write proofs for tests the runner did not see
+            return
+        seq[0] += 1
+        m = mac.copy()
+        m.update(f"{nonce}\0{seq[0]}\0{file}\0{name}".encode())
+        write(fd, f"{seq[0]}\t{file}\t{name}\t{m.hexdigest()}\n".encode())
+
+    def wrapped(fn, file: str):
+        code = fn.__code__
+        if code.co_flags & 0x80:  # CO_COROUTINE: the proof waits for the awaited body
+
+            async def proof_async(*args, **kwargs):
+                if fn.__code__ is not code:
+                    raise AssertionError("flywheel grading: a test function's code was replaced")
+                result = await fn(*args, **kwargs)
+                sign(file, fn.__name__)
+                return result
+
+            runner = proof_async
+        else:
+
+            def proof(*args, **kwargs):
+                if fn.__code__ is not code:
+                    raise AssertionError("flywheel grading: a test function's code was replaced")
+                result = fn(*args, **kwargs)
+                sign(file, fn.__name__)
+                return result
+
+            runner = proof
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(runner, attr, getattr(fn, attr))
+        runner.__dict__.update(fn.__dict__)  # pytest marks, mock.patch's patchings
+        runner.__wrapped__ = fn  # pytest reads the fixtures from the wrapped signature
+        return runner
+
+    def wrap_class(cls, file: str, seen: set) -> None:
+        if id(cls) in seen:
+            return
+        seen.add(id(cls))
+        for name, value in list(vars(cls).items()):
+            if name.startswith("test") and type(value) is type(wrap_class):
+                setattr(cls, name, wrapped(value, file))
+            elif isinstance(value, type) and value.__module__ == cls.__module__:
+                wrap_class(value, file, seen)
+
+    def wrap(namespace: dict, file: str) -> None:
+        """Wrap every `test*` function and `test*` method of classes defined in the module `namespace`."""
+        module_name, seen = namespace.get("__name__"), set()
+        for name, value in list(namespace.items()):
+            if name.startswith("test") and type(value) is type(wrap) and value.__module__ == module_name:
+                namespace[name] = wrapped(value, file)
+            elif isinstance(value, type) and value.__module__ == module_name:
+                wrap_class(value, file, seen)
+
+    module.wrap = wrap
+    sys.modules[config["module"]] = module
+    sign("", "<alive>")
+
+
+_install()
+del _install
