@@ -88,8 +88,15 @@ class EnvConfig(Section):
                              "in the same tree); assumes deterministic tests; 0 = always run them")
     cheat_penalty: float = Field(1.0, ge=0, le=10, description="reward subtracted per anti-cheat flag")
     max_tool_calls: int = Field(64, ge=1, le=100_000, description="tool calls above this raise the spam flag")
-    flag_penalties: dict[Literal["tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam"], float] = \
+    flag_penalties: dict[Literal["tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam",
+                                 "framework_patch", "interpreter_hook", "always_equal", "runner_shadowed",
+                                 "runner_tampered"], float] = \
         Field(default_factory=dict, description="per-flag penalty overriding `cheat_penalty` (reward units, >= 0)")
+    halt_on_flag_rate: float = Field(0.0, ge=0, le=1, description="stop the run (checkpointed; `--resume` goes on) "
+                                     "when any anti-cheat flag's rate over the last `flag_rate_window` graded "
+                                     "sessions passes this fraction; 0 = never")
+    flag_rate_window: int = Field(256, ge=1, le=1_000_000, description="graded sessions over which "
+                                  "`halt_on_flag_rate` is measured (the rate is checked once the window is full)")
     test_weight: float = Field(1.0, ge=0, le=100, description="weight of the hidden-test reward in the total")
     rubric_weight: float = Field(0.0, ge=0, le=100, description="weight of the LLM-judge rubric score; 0 = no judge")
     tools: Literal["all", "core"] = Field(

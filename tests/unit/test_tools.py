@@ -136,12 +136,19 @@ def test_pure_helpers():
     assert truncate("abc", 10) == "abc"
     t = truncate("a" * 500 + "b" * 500, 200)
     assert len(t) <= 200 and t.startswith("aaa") and t.endswith("bbb") and "truncated" in t
-    assert outside_references("cat /etc/passwd ~/.ssh/id ../x ok.py > /dev/null") == ["/etc/passwd", "~/.ssh/id", "../x"]
+    assert outside_references("cat /etc/passwd ~root/.ssh/id ../x ok.py > /dev/null") == ["/etc/passwd", "~root/.ssh/id",
+                                                                                         "../x"]
     assert outside_references("python -m pytest -q test_a.py && ls /workspace/a") == []
     assert outside_references("cat /w/x", workspace="/w") == []
     assert outside_references("python -c \"open('/etc/shadow').read()\"") == ["/etc/shadow"]
     assert outside_references("python -c 'print(7 // 2, 1/2)'; ls a/b ./c; echo a..b") == []
-    assert outside_references("cd .. && ls ~") == ["..", "~"]
+    assert outside_references("cd .. && ls ~ ~/x") == [".."]  # HOME is the workspace in every sandbox
+    # data here-documents are not reads; an interpreter's here-document is code and is scanned
+    patch = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-p = '/etc/hosts'\n+p = '/etc/hosts' # ../x ~root\n"
+    assert outside_references(f"git apply /dev/stdin <<'EOF'\n{patch}EOF\ncat x.py") == []
+    assert outside_references(f"cat > fix.diff <<EOF\n{patch}EOF\npatch -p1 < fix.diff && ls /tmp/y") == []
+    assert outside_references("python - <<EOF\nprint(open('/etc/shadow').read())\nEOF") == ["/etc/shadow"]
+    assert outside_references("cat /proc/1/environ /proc/self/status sub/../a.py /usr/lib/x") == ["/proc/1/environ"]
     assert check_arguments("view", {"path": "a", "end": "3"}) == {"path": "a", "end": 3}
     with pytest.raises(Exception, match="must be a string"):
         check_arguments("bash", {"command": ["ls"]})

@@ -33,7 +33,6 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
-import functools
 import json
 import random
 import re
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from flywheel.envs.tasks import RUNNER_FILE, runner_source
 from flywheel.types import Task, ToolCall
 
 Split = Literal["train", "heldout"]
@@ -559,19 +559,11 @@ def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind,
 
 
 RUNNERS = ("minitest", "pytest")
-RUNNER_FILE = "runtests.py"
 
 
 def _check_runner(runner: str) -> None:
     if runner not in RUNNERS:
         raise ValueError(f"test runner must be one of {RUNNERS}, got {runner!r}")
-
-
-@functools.cache
-def _runner_source() -> str:
-    from flywheel.envs import minitest
-
-    return Path(minitest.__file__).read_text(encoding="utf-8")
 
 
 def with_runner(task: Task, runner: str) -> Task:
@@ -582,7 +574,7 @@ def with_runner(task: Task, runner: str) -> Task:
         return task
     import dataclasses
 
-    src = _runner_source()
+    src = runner_source()
     return dataclasses.replace(task, files={**task.files, RUNNER_FILE: src},
                                hidden_files={**task.hidden_files, RUNNER_FILE: src},
                                test_command=f"python {RUNNER_FILE} -q")

@@ -17,13 +17,20 @@ Formats:
   local clone under `repos_dir` (`owner__name`, `owner/name` or `name`). `test_patch` is applied only at
   grading; `patch` (the reference fix) is kept in `meta["patch"]`.
 * humaneval: `task_id, prompt, canonical_solution, test, entry_point`: a single-file task, `solution.py`
-  holds the prompt and the agent completes it; the hidden test calls `check(entry_point)`.
+  holds the prompt and the agent completes it; the hidden test calls `check(entry_point)` in a namespace that
+  holds every name `solution.py` defines or imports (the official harness runs prompt, completion and test as
+  one program, and some tests call the prompt's helpers). It runs under the standard-library runner
+  (`runtests.py`, envs/minitest.py), so HumanEval grades with the runtime dependencies alone.
+
+A test command that runs `python -m MODULE` must find MODULE in this Python (the one the sandbox runs):
+`python -m pytest` without pytest installed is a broken task, never a silent reward of 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -31,12 +38,14 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from flywheel.envs import minitest
 from flywheel.types import Task, TaskLimits
 
 FORMATS = ("auto", "flywheel", "swebench", "humaneval")
@@ -124,7 +133,14 @@ def _check_command(command: str) -> None:
     if "=" in prog and not prog.startswith(("/", ".")):  # `ENV=1 pytest`: check the program after
         rest = [a for a in argv if "=" not in a]
         prog = rest[0] if rest else prog
-    if prog in ("python", "python3") or prog.startswith(("./", "../")):
+    if prog in ("python", "python3"):
+        rest = argv[argv.index(prog) + 1:]
+        if len(rest) >= 2 and rest[0] == "-m" and importlib.util.find_spec(rest[1].split(".")[0]) is None:
+            raise BrokenTask(f"test_command {command!r} runs the module {rest[1]!r}, which this Python "
+                             f"({sys.executable}) cannot import: install it (for pytest: `pip install pytest`, or "
+                             "flywheel's `dev` extra) or give the task a test_command that is installed")
+        return
+    if prog.startswith(("./", "../")):
         return
     if shutil.which(prog) is None:
         raise BrokenTask(f"test_command program {prog!r} is not installed (not on PATH)")
@@ -228,15 +244,27 @@ def parse_humaneval(d: dict[str, Any]) -> Task:
         raise BrokenTask(f"entry_point {entry!r} is not a Python identifier")
     if "def check" not in test:
         raise BrokenTask("field 'test' must define `check(candidate)`")
-    hidden = f"from solution import {entry}\n\n{test}\n\n\ndef test_check():\n    check({entry})\n"
+    hidden = (f"import solution as _solution\n\n# the names the prompt defines or imports, as in the official harness\n"
+              f"globals().update({{k: v for k, v in vars(_solution).items() if not k.startswith('__')}})\n\n"
+              f"{test}\n\n\ndef test_check():\n    check({entry})\n")
+    runner = runner_source()
     task = Task(
-        id=tid, files={"solution.py": prompt}, hidden_files={"test_solution.py": hidden},
+        id=tid, files={"solution.py": prompt, RUNNER_FILE: runner},
+        hidden_files={"test_solution.py": hidden, RUNNER_FILE: runner},
         problem=f"Complete the function `{entry}` in `solution.py` so that it does what its docstring says.",
-        fail_to_pass=["test_solution.py::test_check"], test_command="python -m pytest -q",
+        fail_to_pass=["test_solution.py::test_check"], test_command=f"python {RUNNER_FILE} -q",
         solution={"solution.py": prompt + canonical} if canonical else None,
         meta={"format": "humaneval", "entry_point": entry})
     _check_task(task)
     return task
+
+
+RUNNER_FILE = "runtests.py"
+
+
+def runner_source() -> str:
+    """The standard-library test runner (envs/minitest.py) that tasks ship as `runtests.py`."""
+    return Path(minitest.__file__).read_text(encoding="utf-8")
 
 
 def detect_format(d: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.config import EnvConfig
+from flywheel.envs.outside import outside_references
 from flywheel.types import Task, ToolCall, ToolCallError
 
 
@@ -70,8 +71,6 @@ _SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "-p no:cacheprovider"}
 MAX_FILE_BYTES = 20_000_000
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", "node_modules", ".venv"}
-_ALLOWED_ABS = ("/workspace", "/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/tmp", "/usr/bin/", "/bin/",
-                "/usr/local/bin/")
 
 
 @dataclass
@@ -98,27 +97,6 @@ def truncate(text: str, max_chars: int) -> str:
     head, tail = keep // 2, keep - keep // 2
     cut = len(text) - head - tail
     return text[:head] + marker.format(cut) + (text[-tail:] if tail else "")
-
-
-_PATH_CHARS = r"[\w.@%+-]"
-_OUTSIDE_RX = re.compile(
-    rf"(?<![\w.~/])(/{_PATH_CHARS}+(?:/{_PATH_CHARS}*)*)"  # /etc/passwd (not a/b, ./x or 7 // 2)
-    rf"|(?<![\w.])(~{_PATH_CHARS}*(?:/{_PATH_CHARS}*)*)"  # ~ and ~/.ssh
-    rf"|(?<![\w.])(\.\.(?:/{_PATH_CHARS}*)*)(?!{_PATH_CHARS})")  # .. and ../x
-
-
-def outside_references(command: str, workspace: str = "") -> list[str]:
-    """Paths in a shell command that point outside the workspace (`/etc/x`, `~/.ssh`, `../..`), quoted or
-    not, also inside `python -c '...'`. A heuristic for the `outside_read` flag, not a security boundary:
-    the sandbox is what keeps the host out of reach."""
-    found = []
-    for m in _OUTSIDE_RX.finditer(command):
-        path = next(g for g in m.groups() if g is not None)
-        if path.startswith("/") and (path.startswith(_ALLOWED_ABS) or (
-                workspace and (path == workspace or path.startswith(workspace + "/")))):
-            continue
-        found.append(path)
-    return found
 
 
 def check_arguments(name: str, args: Any) -> dict[str, Any]:

@@ -17,6 +17,10 @@ from pathlib import Path
 
 from flywheel.metrics.log import read_metrics
 
+# the flags of envs/reward.py (FLAGS), named here so that the metrics layer does not import the environments
+FLAG_NAMES = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam", "framework_patch",
+              "interpreter_hook", "always_equal", "runner_shadowed", "runner_tampered")
+
 # (title, [(metric key, label)], y label)
 PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Reward and pass rate", [("rollout/reward_all", "mean reward, all rollouts"),
@@ -32,6 +36,8 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
                                   ("mismatch/frac_outside_0.5_2", "frac ratio ∉ [0.5, 2]"),
                                   ("router_agreement", "MoE expert agreement")], ""),
     ("Anti-cheat flags", [("flags/total", "flags per batch")], "count"),
+    ("Anti-cheat flag rates (sliding window)",
+     [(f"flags/window_rate/{f}", f) for f in FLAG_NAMES], "fraction of sessions"),
 ]
 
 

@@ -28,6 +28,7 @@ from typing import Callable
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.log import MetricsLog
 from flywheel.orchestrator.buffer import Buffer
+from flywheel.orchestrator.monitor import FlagMonitor, step_flag_rates
 from flywheel.orchestrator.pacing import ahead_limit, paced, to_grant
 from flywheel.types import Task, Trajectory
 
@@ -148,6 +149,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     num_rollouts = num_tokens = num_tested = 0
     received: list[list[Trajectory]] = []  # every group since the last step
     busy_s = 0.0
+    monitor = FlagMonitor(cfg.env.flag_rate_window, cfg.env.halt_on_flag_rate)
+    halted: dict | None = None
     previous_handlers = _install_stop_handlers(stop_event)
     try:
         source.start(timeout_s=cfg.orchestrator.start_timeout_s)  # inside: an engine that fails to start is stopped too
@@ -167,6 +170,12 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                 num_rollouts += len(group)
                 num_tested += sum(map(hidden_tests_ran, group))
                 received.append(group)
+                monitor.observe(group)
+                trip = monitor.tripped() if halted is None else None
+                if trip is not None:  # stop like a Ctrl-C: finish nothing more, checkpoint, exit
+                    halted = {"flag": trip[0], "rate": trip[1], "window": monitor.window,
+                              "threshold": monitor.halt_rate, "step": trainer.version}
+                    stop_event.set()
                 num_tokens += sum(t.meta.get("num_sampled_tokens", 0) for t in group)
                 if buffer.admit(group, trainer.version, key=admitted.count) == "admitted":
                     admitted.append(group)
@@ -189,6 +198,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       "throughput/rollouts_per_s": num_rollouts / elapsed,
                       "throughput/tokens_per_s_k": num_tokens / elapsed / 1000,
                       **{f"buffer/{k}": v for k, v in buffer.counters.items()},
+                      **step_flag_rates(received),
+                      **{f"flags/window_rate/{f}": r for f, r in monitor.rates().items()},
                       **_weights_metrics(trainer), **_node_metrics(node_stats),
                       **(source.pool_stats() if hasattr(source, "pool_stats") else {})}  # Ray: pool-wide counters
             received.clear()
@@ -210,7 +221,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     elapsed = time.monotonic() - t_start
     return {"steps": trainer.version, "wall_s": elapsed, "trainer_busy": busy_s / elapsed if elapsed else 0.0,
             "rollouts": num_rollouts, "rollouts_tested": num_tested, "groups_received": num_groups_received,
-            "groups_granted": num_granted if pace else None, "interrupted": stop_event.is_set(),
+            "groups_granted": num_granted if pace else None, "interrupted": stop_event.is_set(), "halted": halted,
             "staleness_hist": dict(buffer.staleness_hist), **{f"buffer/{k}": v for k, v in buffer.counters.items()},
             **_node_metrics({0: final_stats} if final_stats else node_stats)}
 

@@ -144,6 +144,11 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
         lap("rl")
         save_summary()
         if rl["interrupted"]:
+            if rl.get("halted"):
+                h = rl["halted"]
+                progress.log(f"halted: flag {h['flag']} raised by {h['rate']:.1%} of the last {h['window']} graded "
+                             f"sessions (env.halt_on_flag_rate = {h['threshold']}); read the transcripts in "
+                             f"{run_dir / 'trajectories'}, then continue with --resume")
             progress.log(f"stopped at step {rl['steps']}; continue with --resume")
             return summary
         summary["pass1_after"] = evaluate("after", run_dir / "final_model")
