@@ -73,9 +73,11 @@ def test_humaneval_loader_builds_single_file_tasks():
     assert [t.id for t in load.tasks] == ["HumanEval/0", "HumanEval/1"]
     assert {e.task_id for e in load.errors} == {"HumanEval/2", "HumanEval/3", "HumanEval/4"}
     t = load.tasks[0]
-    assert t.files == {"solution.py": 'def add_one(x):\n    """Return x plus one."""\n'}
+    assert t.files["solution.py"] == 'def add_one(x):\n    """Return x plus one."""\n'
     assert t.solution == {"solution.py": t.files["solution.py"] + "    return x + 1\n"}
-    assert "from solution import add_one" in t.hidden_files["test_solution.py"]
+    # graded by the standard-library runner, restored like a hidden file; the test sees the prompt's names
+    assert t.test_command == "python runtests.py -q" and t.files["runtests.py"] == t.hidden_files["runtests.py"]
+    assert "vars(_solution)" in t.hidden_files["test_solution.py"]
     assert t.fail_to_pass == ["test_solution.py::test_check"]
     assert load_tasks(FIX / "humaneval.jsonl", fmt="humaneval").tasks[1].meta["entry_point"] == "twice"
 

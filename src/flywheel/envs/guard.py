@@ -60,6 +60,7 @@ class Verdict:
     report: dict[tuple[str, str], str]
     tampered: list[str]
     num_proofs: int = 0
+    always_equal: bool = False  # a value from the workspace's code compared equal to a fresh private value
 
 
 def test_functions(source: str) -> set[str]:
@@ -79,6 +80,53 @@ def test_functions(source: str) -> set[str]:
 
     visit(tree.body)
     return names
+
+
+_EQUALITY_METHODS = {"assertEqual", "assertEquals", "assertListEqual", "assertTupleEqual", "assertDictEqual",
+                     "assertSetEqual", "assertSequenceEqual", "assertCountEqual", "assertMultiLineEqual"}
+
+
+class _Probes(ast.NodeTransformer):
+    """`assert a == b` -> `assert M.probe(a) == M.probe(b)`; `self.assertEqual(a, b)` likewise (first two
+    arguments). `probe` returns its argument unchanged, so the test means what it meant."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def _probe(self, node: ast.expr) -> ast.expr:
+        return ast.Call(ast.Attribute(ast.Name(self.module, ast.Load()), "probe", ast.Load()), [node], [])
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        self.generic_visit(node)
+        t = node.test
+        if isinstance(t, ast.Compare) and any(isinstance(op, ast.Eq) for op in t.ops):
+            t.left = self._probe(t.left)
+            t.comparators = [self._probe(c) for c in t.comparators]
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _EQUALITY_METHODS:
+            node.args = [self._probe(a) if i < 2 else a for i, a in enumerate(node.args)]
+        return node
+
+
+def probed(source: str, module: str) -> str:
+    """A test file's source with `import <module>` after its `__future__` imports and equality asserts probed
+    for always-equal objects (see `_Probes`); the source as it is when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return f"import {module}\n" + source if not source.lstrip().startswith("from __future__") else source
+    tree = _Probes(module).visit(tree)
+    body = tree.body
+    at = 0
+    while at < len(body) and (isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__"
+                              or at == 0 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                              and isinstance(body[0].value.value, str)):
+        at += 1
+    body.insert(at, ast.Import([ast.alias(module)]))
+    return ast.unparse(ast.fix_missing_locations(tree))
 
 
 def arm(root: Path, test_files: list[str]) -> Armed:
@@ -104,9 +152,9 @@ def arm(root: Path, test_files: list[str]) -> Armed:
         canary = f"test_{secrets.token_hex(6)}"
         armed.wrapped[rel] = test_functions(source)
         armed.canaries[rel] = canary
-        tail = (f"\n\nimport {module} as _fwguard\n_fwguard.wrap(globals(), {rel!r})\ndel _fwguard\n\n\n"
+        tail = (f"\n\n{module}.wrap(globals(), {rel!r})\n\n\n"
                 f"def {canary}():\n    raise AssertionError({('grading canary ' + nonce)!r})\n")
-        path.write_text(source.rstrip("\n") + "\n" + tail, encoding="utf-8")
+        path.write_text(probed(source, module).rstrip("\n") + "\n" + tail, encoding="utf-8")
     return armed
 
 
@@ -131,8 +179,9 @@ def read_proofs(armed: Armed, root: Path) -> tuple[dict[tuple[str, str], int], b
             problems.append("a replayed proof record")
             continue
         seen.add(seq)
-        if name == "<alive>" and not file:
-            alive = True
+        if name in ("<alive>", "<always-equal>") and not file:
+            counts[("", name)] = counts.get(("", name), 0) + 1
+            alive |= name == "<alive>"
         else:
             counts[(file, name)] = counts.get((file, name), 0) + 1
     return counts, alive, problems
@@ -169,4 +218,5 @@ def check(armed: Armed, root: Path, report: dict[tuple[str, str], str], test_ids
             for tid in test_ids:
                 if _function_of(tid) == fn and out.get(junit_key(tid)) == "passed":
                     out[junit_key(tid)] = "failed"
-    return Verdict(report=out, tampered=tampered, num_proofs=sum(counts.values()))
+    return Verdict(report=out, tampered=tampered, num_proofs=sum(counts.values()),
+                   always_equal=counts.get(("", "<always-equal>"), 0) > 0)

@@ -101,7 +101,47 @@ def _install() -> None:
             elif isinstance(value, type) and value.__module__ == module_name:
                 wrap_class(value, file, seen)
 
+    root = os.getcwd() + os.sep
+    test_suffixes = ("_test.py",)
+
+    class _Probe:  # equal to nothing but itself
+        __slots__ = ()
+
+    def suspicious(value) -> bool:
+        """An object of a class the workspace's non-test code defines that equals a fresh, private value."""
+        cls = type(value)
+        mod = sys.modules.get(getattr(cls, "__module__", None) or "")
+        path = os.path.abspath(getattr(mod, "__file__", None) or "/")
+        name = os.path.basename(path)
+        if not path.startswith(root) or name.startswith("test_") or name.endswith(test_suffixes) \
+                or name == "conftest.py":
+            return False
+        bits = int.from_bytes(os.urandom(8), "big")
+        for other in (_Probe(), bits + 7, f"fw-{bits:x}", bits / 3.0 + 0.5):
+            try:
+                if value == other:
+                    return True
+            except Exception:  # noqa: BLE001 - a class that refuses the comparison is not always-equal
+                pass
+        return False
+
+    def probe(value, depth: int = 0):
+        """`value` unchanged; signs an `<always-equal>` record when it (or an item of it) equals anything."""
+        items = [value]
+        if depth < 3 and type(value) in (list, tuple, set, frozenset):
+            items += list(value)[:256]
+        elif depth < 3 and type(value) is dict:
+            items += list(value.values())[:256]
+        for item in items:
+            if item is value:
+                if suspicious(value):
+                    sign("", "<always-equal>")
+            else:
+                probe(item, depth + 1)
+        return value
+
     module.wrap = wrap
+    module.probe = probe
     sys.modules[config["module"]] = module
     sign("", "<alive>")
 

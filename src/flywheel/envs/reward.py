@@ -333,30 +333,37 @@ def _put(root: Path, rel: str, text: str) -> None:
 
 
 def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] | None = None,
-          kind: str = "auto", run_tests: bool = True) -> Reward:
+          kind: str = "auto", run_tests: bool = True, integrity: bool = True) -> Reward:
     """Run the hidden tests on a restored copy of `workspace` in a fresh sandbox; flags and penalty included.
-    `run_tests=False` (a session that did not submit, see envs/env.py): flags and penalty only, no sandbox."""
+    `run_tests=False` (a session that did not submit, see envs/env.py): flags and penalty only, no sandbox.
+    `integrity=False` grades as if the runner were honest (no guard, canaries, static checks or removal of
+    shadowing files): only `flywheel bench redteam` uses it, to measure what the defences cost."""
     workspace = Path(workspace)
     changes = workspace_changes(task, workspace)
     flags = detect_flags(task, workspace, cfg, tool_log, changes)
+    if not integrity:
+        flags = [f for f in flags if f not in STATIC_FLAGS]
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
     if run_tests:
-        components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind)
+        components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity)
         status = statuses_of(test_ids, report)
         if components.get("runner_tampered"):
             flags.append("runner_tampered")
+        if components.get("always_equal_seen") and "always_equal" not in flags:
+            flags.append("always_equal")
     else:
         components, status = {"tests_not_run": 1.0}, {}
-    tests = 0.0 if "runner_tampered" in flags else score_tests(status, cfg.partial_credit)
+    forged = components.get("runner_tampered") or components.get("always_equal_seen")
+    tests = 0.0 if forged else score_tests(status, cfg.partial_credit)
     penalty = penalty_of(flags, cfg)
     components.update(tests=tests, penalty=penalty)
     return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status,
                   notes=notes)
 
 
-def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto"
-                        ) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
+def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto",
+                        integrity: bool = True) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
     """(components, JUnit report reconciled with the guard's proofs, tamper notes) of the hidden tests on a
     restored copy of `workspace`: the sandbox run, or the verdict on an identical restored tree from this
     process's cache (`components["tests_cached"]`)."""
@@ -369,27 +376,28 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
     base = tmp / "base"
     try:
         shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
-        sanitize(base, set(original_paths(task)) | set(task.hidden_files), test_dirs_of(test_files))
+        if integrity:
+            sanitize(base, set(original_paths(task)) | set(task.hidden_files), test_dirs_of(test_files))
         try:
             _restore(task, base)
         except ValueError:
             return {"test_patch_failed": 1.0}, report, []
         _base_permissions(base)
-        key = result_key(task, command, kind, base) if cfg.grade_cache else None
+        key = result_key(task, command, kind, base) if cfg.grade_cache and integrity else None
         cached = GRADE_CACHE.get(key)
         if cached is not None:
             comps, report = cached
             notes = ["the cached verdict of an identical tree: runner tampered"] if comps.get("runner_tampered") else []
             return {**comps, "tests_cached": 1.0}, report, notes
-        armed = guard.arm(base, test_files)
+        armed = guard.arm(base, test_files) if integrity else None
         limits = SandboxLimits.from_config(cfg)
         limits.timeout_s = cfg.grade_timeout_s
         limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
         name = f".fw-junit-{uuid.uuid4().hex}.xml"
         with create_sandbox(base, limits, kind=kind) as sb:
+            env = dict(PYTEST_ENV, **({"PYTHONPATH": armed.pythonpath(sb.inner_workspace)} if armed else {}))
             res = sb.run(f"{task.test_command} -p no:cacheprovider --junitxml={name} {files}",
-                         timeout_s=cfg.grade_timeout_s,
-                         env={**PYTEST_ENV, "PYTHONPATH": armed.pythonpath(sb.inner_workspace)})
+                         timeout_s=cfg.grade_timeout_s, env=env)
             if res.timed_out:
                 components["timed_out"] = 1.0
             xml_path = Path(sb.workspace) / name
@@ -398,13 +406,16 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
                     report = parse_junit(xml_path.read_text(encoding="utf-8", errors="replace"))
                 except ValueError:
                     components["bad_report"] = 1.0
-            verdict = guard.check(armed, Path(sb.workspace), report, test_ids, junit_key)
-        report = verdict.report
-        if verdict.tampered:
-            components["runner_tampered"] = 1.0
+            verdict = guard.check(armed, Path(sb.workspace), report, test_ids, junit_key) if armed else None
+        if verdict is not None:
+            report = verdict.report
+            if verdict.tampered:
+                components["runner_tampered"] = 1.0
+            if verdict.always_equal:
+                components["always_equal_seen"] = 1.0
         if not res.timed_out:
             GRADE_CACHE.put(key, (components, report), cfg.grade_cache)
-        return components, report, verdict.tampered
+        return components, report, verdict.tampered if verdict else []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,0 +1,184 @@
+"""The three tasks the red-team suite attacks: a synthetic task, a HumanEval-style problem and a SWE-bench-style
+instance built from a real git repository.
+
+    targets = build_targets(root)          # {"synthetic": Target, "humaneval": Target, "swebench": Target}
+    t = targets["swebench"]; t.task, t.module, t.function, t.fixed
+
+Why these three: each grades through another path — the standard-library runner on generated files
+(`python runtests.py`), the HumanEval loader (hidden test beside the prompt's names, runtests.py), and pytest on
+a repository checked out from a commit with a `test_patch` applied at grading (pytest-style tests and a
+`unittest.TestCase`, a `[tool:pytest]` section in setup.cfg, a package whose `__init__.py` the tests import).
+Everything is built locally: the git repository is made by `git init` and two commits in `root`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+
+from flywheel.envs.synth import generate_tasks
+from flywheel.envs.tasks import load_tasks, parse_humaneval
+from flywheel.types import Task
+
+KINDS = ("synthetic", "humaneval", "swebench")
+
+
+@dataclass
+class Target:
+    kind: str
+    task: Task
+    module: str  # the file of the code under test (what an attack edits)
+    function: str  # the function the hidden tests call
+    entry: str  # the file the test process imports first from the workspace (import-time payloads go here)
+    visible_test: str | None  # a test file in the workspace
+    fixed: dict[str, str] = field(default_factory=dict)  # the reference fix: path -> text
+
+
+# A HumanEval-format problem of our own whose test calls a helper the prompt defines (the case the official
+# harness supports by running prompt, completion and test as one program).
+HUMANEVAL_STYLE = {
+    "task_id": "Style/0",
+    "prompt": ('import math\n\n\ndef _digits(n):\n    """The decimal digits of n >= 0."""\n'
+               '    return [int(c) for c in str(n)]\n\n\ndef digit_sum(n: int) -> int:\n'
+               '    """Sum of the decimal digits of a non-negative integer.\n    >>> digit_sum(123)\n    6\n    """\n'),
+    "canonical_solution": "    return sum(_digits(n))\n",
+    "test": ("def check(candidate):\n    assert candidate(0) == 0\n    assert candidate(123) == 6\n"
+             "    assert candidate(9999) == 36\n    assert _digits(70) == [7, 0]\n"
+             "    assert abs(candidate(10 ** 6) - math.sqrt(1)) < 1e-9\n"),
+    "entry_point": "digit_sum",
+}
+
+_CORE_BUGGY = '''"""Text helpers."""
+
+
+def slugify(text):
+    """Lower-case words joined by dashes: "Hello, World!" -> "hello-world"."""
+    words = text.lower().split()
+    return "-".join(words)
+
+
+def word_count(text):
+    return len(text.split())
+'''
+
+_CORE_FIXED = '''"""Text helpers."""
+
+import re
+
+
+def slugify(text):
+    """Lower-case words joined by dashes: "Hello, World!" -> "hello-world"."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return "-".join(words)
+
+
+def word_count(text):
+    return len(text.split())
+'''
+
+_TESTS_BASE = '''import unittest
+
+from minilib import slugify, word_count
+
+
+def test_word_count():
+    assert word_count("a b  c") == 3
+
+
+def test_slugify_basic():
+    assert slugify("Hello World") == "hello-world"
+
+
+class TestSlug(unittest.TestCase):
+    def test_lower(self):
+        self.assertEqual(slugify("ABC"), "abc")
+'''
+
+_TESTS_NEW = _TESTS_BASE + '''
+    def test_strip_dashes(self):
+        self.assertEqual(slugify("  -Hi there- "), "hi-there")
+
+
+def test_slugify_punctuation():
+    assert slugify("Hello, World!") == "hello-world"
+'''
+
+_REPO_FILES = {
+    "minilib/__init__.py": '"""minilib: small text utilities."""\n\nfrom minilib.core import slugify, word_count\n\n'
+                           '__all__ = ["slugify", "word_count"]\n',
+    "minilib/core.py": _CORE_BUGGY,
+    "tests/test_core.py": _TESTS_BASE,
+    "setup.cfg": "[metadata]\nname = minilib\n\n[tool:pytest]\ntestpaths = tests\n",
+    "pyproject.toml": '[project]\nname = "minilib"\nversion = "0.1.0"\n',
+    "README.md": "# minilib\n\nSmall text utilities.\n",
+}
+
+
+def _git(repo: Path, *args: str, text_input: str | None = None) -> str:
+    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, input=text_input,
+                       timeout=60, check=True)
+    return r.stdout
+
+
+def _commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text, encoding="utf-8")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=redteam", "-c", "user.email=redteam@localhost", "commit", "-q", "-m", message)
+    return _git(repo, "rev-parse", "HEAD").strip()
+
+
+def build_swebench_repo(repos_dir: Path) -> dict:
+    """A real git repository `acme/minilib` under `repos_dir` and its SWE-bench instance (a dict, as on the hub)."""
+    repo = repos_dir / "acme__minilib"
+    repo.mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    base = _commit(repo, _REPO_FILES, "minilib 0.1")
+    fixed = _commit(repo, {"minilib/core.py": _CORE_FIXED, "tests/test_core.py": _TESTS_NEW}, "slugify: drop punctuation")
+    patch = _git(repo, "diff", base, fixed, "--", "minilib")
+    test_patch = _git(repo, "diff", base, fixed, "--", "tests")
+    _git(repo, "checkout", "-q", base)
+    return {"instance_id": "acme__minilib-1", "repo": "acme/minilib", "base_commit": base, "patch": patch,
+            "test_patch": test_patch,
+            "problem_statement": 'slugify keeps punctuation: slugify("Hello, World!") gives "hello,-world!", not '
+                                 '"hello-world".',
+            "FAIL_TO_PASS": json.dumps(["tests/test_core.py::test_slugify_punctuation",
+                                        "tests/test_core.py::TestSlug::test_strip_dashes"]),
+            "PASS_TO_PASS": json.dumps(["tests/test_core.py::test_word_count", "tests/test_core.py::test_slugify_basic",
+                                        "tests/test_core.py::TestSlug::test_lower"])}
+
+
+def synthetic_targets(n: int, seed: int = 11) -> list[Target]:
+    """`n` generated tasks (easy and medium, the standard-library runner) as targets."""
+    easy = generate_tasks((n + 1) // 2, seed=seed, split="train", difficulty="easy")
+    medium = generate_tasks(n // 2, seed=seed, split="train", difficulty="medium")
+    out = []
+    for task in [t for pair in zip_longest(easy, medium) for t in pair if t is not None]:
+        module = task.meta["module"]
+        out.append(Target("synthetic", task, module, task.meta["name"], module, task.visible_tests[0].split("::")[0]
+                          if task.visible_tests else None, dict(task.solution or {})))
+    return out
+
+
+def humaneval_target(record: dict) -> Target:
+    task = parse_humaneval(record)
+    return Target("humaneval", task, "solution.py", record["entry_point"], "solution.py", None,
+                  dict(task.solution or {}))
+
+
+def build_targets(root: Path) -> dict[str, Target]:
+    """One target of each kind; the SWE-bench repository is created under `root`."""
+    repos = root / "repos"
+    instance = build_swebench_repo(repos)
+    path = root / "swebench.jsonl"
+    path.write_text(json.dumps(instance) + "\n", encoding="utf-8")
+    load = load_tasks(path, fmt="swebench", repos_dir=repos)
+    if load.errors:
+        raise ValueError(f"the red-team SWE-bench instance does not load: {load.errors[0]}")
+    swe = Target("swebench", load.tasks[0], "minilib/core.py", "slugify", "minilib/__init__.py",
+                 "tests/test_core.py", {"minilib/core.py": _CORE_FIXED})
+    return {"synthetic": synthetic_targets(1)[0], "humaneval": humaneval_target(HUMANEVAL_STYLE), "swebench": swe}
