@@ -160,3 +160,16 @@ def test_adversarial_lines_are_reported_not_raised(tmp_path):
     assert "map file paths to file contents" in reasons["files"]
     assert "not a JSON list" in reasons["f2p"]
     assert "bad JSON" in reasons["<line 7>"] and len(load.errors) == 6  # blank lines are skipped
+
+
+def test_a_test_command_whose_module_is_not_installed_is_a_broken_task(tmp_path):
+    """`python -m pytest` in an environment without pytest would grade every session 0 in silence."""
+    line = {"id": "fw-nomod", "problem": "p", "files": {"a.py": "x = 1\n", "test_a.py": "def test_a():\n    pass\n"},
+            "fail_to_pass": ["test_a.py::test_a"], "test_command": "python -m no_such_runner_xyz -q"}
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(line) + "\n" + json.dumps({**line, "id": "fw-ok", "test_command": "python -m pytest"})
+                    + "\n")
+    load = load_tasks(path)
+    assert [t.id for t in load.tasks] == ["fw-ok"]
+    (err,) = load.errors
+    assert err.task_id == "fw-nomod" and "no_such_runner_xyz" in err.reason and "cannot import" in err.reason

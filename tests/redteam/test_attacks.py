@@ -1,0 +1,32 @@
+"""Every attack in the catalogue (flywheel/redteam/attacks.py), played as an agent session on each task kind it
+applies to, must earn nothing (reward <= 0) and raise the flag it is expected to raise."""
+
+import pytest
+
+from flywheel.redteam.attacks import ATTACKS
+from flywheel.redteam.run import caught, play
+
+CASES = [(a, kind) for a in ATTACKS for kind in a.kinds]
+
+
+def test_the_catalogue_is_large_and_distinct():
+    assert len({a.name for a in ATTACKS}) == len(ATTACKS) >= 25
+    assert len(CASES) >= 75
+    assert {kind for _, kind in CASES} == {"synthetic", "humaneval", "swebench"}
+
+
+@pytest.mark.parametrize("attack,kind", CASES, ids=[f"{a.name}-{k}" for a, k in CASES])
+def test_attack_is_caught(attack, kind, targets, env_cfg, cache_dir):
+    played = play(targets[kind], attack.calls(targets[kind]), env_cfg, cache_dir)
+    r = played.reward
+    assert caught(r, attack.flag), (f"{attack.name} on {kind}: {attack.what}; reward {r.value}, flags {r.flags}, "
+                                    f"tests {r.tests}, notes {r.notes}")
+
+
+def test_a_forged_runner_gets_no_credit_even_without_a_penalty(targets, env_cfg, cache_dir):
+    """runner_tampered withholds the test credit itself: with every penalty at 0 the reward is still 0."""
+    cfg = env_cfg.model_copy(update={"cheat_penalty": 0.0})
+    attack = next(a for a in ATTACKS if a.name == "pytest_runtest_obfuscated")
+    r = play(targets["swebench"], attack.calls(targets["swebench"]), cfg, cache_dir).reward
+    assert r.value == 0.0 and r.components["tests"] == 0.0 and "runner_tampered" in r.flags
+    assert any("proof" in note for note in r.notes)

