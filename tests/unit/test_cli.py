@@ -13,3 +13,20 @@ def test_help_is_fast_and_imports_no_torch():
     assert res.returncode == 0 and "bench" in res.stdout
     assert elapsed < 3.0  # one second on an idle machine; the bound leaves room for a loaded CI box
 
+
+
+def test_tasks_check_grade_finds_a_test_command_the_guard_cannot_work_with(tmp_path, capsys):
+    """`python -I` ignores PYTHONPATH (and the workspace on sys.path), so the grading guard never starts and
+    every solution would grade 0. `flywheel tasks check --grade` shows it before a run does."""
+    import dataclasses
+
+    from flywheel.cli import main
+    from flywheel.envs.synth import generate_tasks
+    from flywheel.envs.tasks import save_tasks
+
+    good = generate_tasks(2, seed=5, split="train", difficulty="easy")
+    bad = dataclasses.replace(good[1], id="isolated", test_command="python -I runtests.py -q")
+    save_tasks([good[0], bad], tmp_path / "t.jsonl")
+    assert main(["tasks", "check", str(tmp_path / "t.jsonl"), "--grade"]) == 1
+    out = capsys.readouterr().out
+    assert "grades wrong: isolated: solution 0.0" in out and "2 solutions graded, 1 wrong" in out

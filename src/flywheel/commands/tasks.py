@@ -1,10 +1,12 @@
 """Task files: generate synthetic bug-fix tasks, or check a task file.
 
     flywheel tasks synth --n 1000 --seed 0 --out tasks.jsonl [--split heldout] [--difficulty easy]
-    flywheel tasks check tasks.jsonl [--format swebench --repos-dir clones/]
+    flywheel tasks check tasks.jsonl [--format swebench --repos-dir clones/] [--grade]
 
 `synth` writes verified tasks (the original passes every test, the mutant fails one) as flywheel JSONL;
-`check` loads a file the way a run does and lists the broken tasks (exit code 1 when there are any).
+`check` loads a file the way a run does and lists the broken tasks (exit code 1 when there are any); with
+`--grade` it also grades, as a run would, each task's reference solution (must earn 1 with no flag) and its
+untouched workspace (must earn less): a test command the grading guard cannot work with shows here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("path", help="JSONL task file")
     c.add_argument("--format", default="auto", choices=["auto", "flywheel", "swebench", "humaneval"])
     c.add_argument("--repos-dir", default=None, help="directory of local clones (SWE-bench tasks)")
+    c.add_argument("--grade", action="store_true", help="grade each task's solution (must earn 1, no flag) and "
+                   "its untouched workspace (must earn less)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,4 +62,42 @@ def run(args: argparse.Namespace) -> int:
     for err in load.errors:
         print(f"broken: {err}")
     print(f"{len(load.tasks)} tasks loaded, {len(load.errors)} broken")
-    return 1 if load.errors else 0
+    wrong = _grade_solutions(load.tasks) if args.grade else 0
+    return 1 if load.errors or wrong else 0
+
+
+def _grade_solutions(tasks) -> int:
+    """Grade every task's solution and untouched workspace; prints each task that grades wrong."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from flywheel.config import EnvConfig
+    from flywheel.envs.reward import grade
+    from flywheel.envs.tasks import task_base_dir, write_files
+
+    cfg, wrong, checked = EnvConfig(grade_cache=0), 0, 0
+    root = Path(tempfile.mkdtemp(prefix="flywheel-check-"))
+    try:
+        for task in tasks:
+            if not task.solution:
+                print(f"no solution: {task.id} (not graded)")
+                continue
+            checked += 1
+            rewards = {}
+            for solved in (True, False):
+                ws = root / "ws"
+                shutil.rmtree(ws, ignore_errors=True)
+                shutil.copytree(task_base_dir(task, root / "cache"), ws, symlinks=True)
+                if solved:
+                    write_files(ws, task.solution)
+                rewards[solved] = grade(task, ws, cfg)
+            good, bad = rewards[True], rewards[False]
+            if good.value != 1.0 or good.flags or bad.value >= 1.0:
+                wrong += 1
+                print(f"grades wrong: {task.id}: solution {good.value} {good.flags} {good.notes[:2]}; "
+                      f"untouched {bad.value}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"{checked} solutions graded, {wrong} wrong")
+    return wrong
