@@ -40,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from flywheel.bench._machine import machine_info, provenance
 
     mod = importlib.import_module(f"flywheel.bench.{args.target}")
+    started = provenance()  # before the run: the tree it measured
     result = mod.run(args)
     result.setdefault("machine", machine_info())
-    result.setdefault("provenance", provenance())
+    result.setdefault("provenance", started)
     out = Path(args.out or f"benchmarks/results/{args.target}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
