@@ -12,7 +12,7 @@ exit, or replace a test's body. Two signals that do not pass through the runner 
 
 * **Proofs.** `guard_site.py` is loaded as `sitecustomize` before anything else in the test process, takes a
   fresh per-grading key and deletes it from disk. Each test file grading runs gets one line appended that
-  wraps its `test*` functions; a wrapper signs `(seq, file, name)` with the key only after the real body
+  wraps its `test*` functions; a wrapper signs `(seq, file, name)` with the key (keyed BLAKE2) only after the real body
   returned. A test the runner calls passed must have a proof; a missing one, a record whose signature does
   not verify, or a replayed sequence number is tampering.
 * **Canaries.** Each test file also gets a test with a random name that always fails. A runner that reports it
@@ -29,7 +29,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import hmac
-import json
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -140,8 +139,8 @@ def arm(root: Path, test_files: list[str]) -> Armed:
     os.chmod(gdir, 0o777)  # the sandboxed uid deletes the key file and writes proofs here
     site = gdir / "sitecustomize.py"
     site.write_text(Path(guard_site.__file__).read_text(encoding="utf-8"), encoding="utf-8")
-    config = gdir / "guard.json"
-    config.write_text(json.dumps({"key": armed.key.hex(), "nonce": nonce, "module": module}), encoding="utf-8")
+    config = gdir / "guard.txt"
+    config.write_text(f"{armed.key.hex()}\n{nonce}\n{module}\n", encoding="utf-8")
     for p in (site, config):
         os.chmod(p, 0o666)
     for rel in dict.fromkeys(test_files):
@@ -171,7 +170,8 @@ def read_proofs(armed: Armed, root: Path) -> tuple[dict[tuple[str, str], int], b
             problems.append("a malformed proof record")
             continue
         seq, file, name, sig = parts
-        want = hmac.new(armed.key, f"{armed.nonce}\0{seq}\0{file}\0{name}".encode(), hashlib.sha256).hexdigest()
+        want = hashlib.blake2b(f"{armed.nonce}\0{seq}\0{file}\0{name}".encode(), key=armed.key,
+                               digest_size=32).hexdigest()
         if not hmac.compare_digest(want, sig):
             problems.append("a proof record with a bad signature")
             continue

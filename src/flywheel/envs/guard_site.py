@@ -2,11 +2,11 @@
 under test can read.
 
 Grading (envs/guard.py) writes this file as `sitecustomize.py` into a directory with a random name, next to a
-`guard.json` holding a fresh key and nonce, and puts that directory first on PYTHONPATH. Python imports
+`guard.txt` holding a fresh key, a nonce and the module name (one per line), and puts that directory first on PYTHONPATH. Python imports
 `sitecustomize` while it starts, before pytest or runtests.py and before any file of the workspace, so:
 
-1. the key is read and both files are deleted before code under test can exist (the key then lives only in an
-   HMAC object inside closures; the module that exposes them is registered under the nonce's name);
+1. the key is read and both files are deleted before code under test can exist (the key then lives only in a
+   keyed BLAKE2 object inside closures; the module that exposes them is registered under the nonce's name);
 2. an `alive` record is signed at once: its absence means the test command did not start Python the usual way;
 3. every test file grading runs ends with `wrap(globals(), "<path>")`, which wraps each `test*` function (module
    level and in the file's classes): only when the real test body returns does the wrapper append a signed
@@ -15,36 +15,36 @@ Grading (envs/guard.py) writes this file as `sitecustomize.py` into a directory 
 
 Code under test can still truncate the proof file (every test then fails) or hunt the key through
 introspection (frames, gc, closures): grading flags those constructs statically (envs/integrity.py).
-Standard library only: it runs with the sandbox's Python, where flywheel is not installed. Imports are few,
-as this runs at every start of the test process (runtests.py starts in ~60 ms).
+Standard library only: it runs with the sandbox's Python, where flywheel is not installed. It imports only
+`_blake2` (a built-in C module; `hmac`, `hashlib` and `json` would load OpenSSL and `re` at every start of the
+test process, which doubled what the guard cost a `runtests.py` grading).
 """
 
-import hmac
-import json
 import os
 import sys
+
+import _blake2
 
 
 def _install() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
-    config_path = os.path.join(here, "guard.json")
+    config_path = os.path.join(here, "guard.txt")
     try:
         with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except OSError:  # a child process after the first one: the key is gone, so no proofs from here
+            key_hex, nonce, module_name = f.read().split()
+    except (OSError, ValueError):  # a child process after the first one: the key is gone, so no proofs from here
         return
     for path in (config_path, os.path.abspath(__file__)):
         try:
             os.unlink(path)
         except OSError:
             pass
-    mac = hmac.new(bytes.fromhex(config["key"]), digestmod="sha256")
-    nonce = config["nonce"]
+    mac = _blake2.blake2b(key=bytes.fromhex(key_hex), digest_size=32)
     fd = os.open(os.path.join(here, "proofs"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     seq = [0]
     write, getpid = os.write, os.getpid  # bound now: code under test may later replace os.write
     pid = getpid()
-    module = type(sys)(config["module"])
+    module = type(sys)(module_name)
 
     def sign(file: str, name: str) -> None:
         if getpid() != pid:  # a forked child would write proofs for tests the runner did not see
@@ -142,7 +142,7 @@ def _install() -> None:
 
     module.wrap = wrap
     module.probe = probe
-    sys.modules[config["module"]] = module
+    sys.modules[module_name] = module
     sign("", "<alive>")
 
 

@@ -284,9 +284,9 @@ def penalty_of(flags: list[str], cfg: EnvConfig) -> float:
 # Grading
 
 
-def _restore(task: Task, root: Path) -> None:
-    """Test files and pytest configs back to the task's versions; agent-added ones removed; hidden files on top."""
-    orig = set(original_paths(task))
+def _restore(task: Task, root: Path, orig: set[str]) -> None:
+    """Test files and pytest configs back to the task's versions (`orig`: the task's own paths); agent-added
+    ones removed; hidden files on top."""
     now = _walk(root)
     for rel, p in now.items():
         name = Path(rel).name
@@ -376,10 +376,11 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
     base = tmp / "base"
     try:
         shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
+        orig = set(original_paths(task))
         if integrity:
-            sanitize(base, set(original_paths(task)) | set(task.hidden_files), test_dirs_of(test_files))
+            sanitize(base, orig | set(task.hidden_files), test_dirs_of(test_files))
         try:
-            _restore(task, base)
+            _restore(task, base, orig)
         except ValueError:
             return {"test_patch_failed": 1.0}, report, []
         _base_permissions(base)
