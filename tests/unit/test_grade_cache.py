@@ -12,7 +12,7 @@ from test_tasks import FIX
 from flywheel.config import EnvConfig
 from flywheel.envs.grade_cache import GRADE_CACHE, GradeCache, tree_digest
 from flywheel.envs.reward import grade
-from flywheel.envs.tasks import load_tasks
+from flywheel.tasks.loaders import load_tasks
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""runtests.py (envs/minitest.py): same verdicts as pytest, pytest-shaped output and exit codes, tamper-proof."""
+"""runtests.py (tasks/minitest.py): same verdicts as pytest, pytest-shaped output and exit codes, tamper-proof."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import EnvConfig
-from flywheel.envs import minitest
+from flywheel.tasks import minitest
 from flywheel.envs.reward import grade, parse_junit
-from flywheel.envs.synth import RUNNER_FILE, generate_tasks, with_runner
+from flywheel.tasks.synth import RUNNER_FILE, generate_tasks, with_runner
 
 RUNNER = Path(minitest.__file__)
 

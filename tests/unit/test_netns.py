@@ -1,4 +1,4 @@
-"""Lent network namespaces (`envs/netns.py`): loopback inside, isolation between sandboxes, reuse, and
+"""Lent network namespaces (`sandbox/netns.py`): loopback inside, isolation between sandboxes, reuse, and
 the calling thread always back in the host namespace."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.envs import netns
-from flywheel.envs.sandbox import SandboxLimits, bwrap_available, create_sandbox, flush_closed, materialize_base
+from flywheel.sandbox import netns
+from flywheel.sandbox.sandbox import SandboxLimits, bwrap_available, create_sandbox, flush_closed, materialize_base
 
 pytestmark = pytest.mark.skipif(not netns.available(), reason="needs root and network namespaces")
 
@@ -85,7 +85,7 @@ def test_loopback_inside_and_isolation_between_sandboxes(base: Path) -> None:
 
 @pytest.mark.skipif(not bwrap_available(), reason="bubblewrap not usable")
 def test_a_sandbox_that_fails_to_start_hands_back_its_namespace(base: Path, monkeypatch) -> None:
-    from flywheel.envs.sandbox import BwrapSandbox
+    from flywheel.sandbox.sandbox import BwrapSandbox
 
     a = netns.POOL.acquire()
     netns.POOL.release(a)  # now the next acquire lends `a`

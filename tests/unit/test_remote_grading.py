@@ -23,9 +23,9 @@ from flywheel.config import EnvConfig
 from flywheel.envs.changes import Changes, RebuildGrader, apply_changes, capture_changes
 from flywheel.envs.env import CodingEnv
 from flywheel.envs.reward import grade
-from flywheel.envs.sandbox import SandboxLimits, create_sandbox
-from flywheel.envs.synth import generate_tasks, oracle_actions
-from flywheel.envs.tasks import load_tasks, task_base_dir
+from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.tasks.synth import generate_tasks, oracle_actions
+from flywheel.tasks.loaders import load_tasks, task_base_dir
 from flywheel.orchestrator.grader import GraderPool
 from flywheel.types import Reward, ToolCall
 

@@ -22,7 +22,7 @@ from flywheel.envs.reward import (
     statuses_of,
     workspace_diff,
 )
-from flywheel.envs.tasks import load_tasks, task_base_dir
+from flywheel.tasks.loaders import load_tasks, task_base_dir
 from flywheel.types import Generation, Reward
 
 FIXED = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"

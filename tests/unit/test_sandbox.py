@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import EnvConfig
-from flywheel.envs.sandbox import (
-    ExecResult, SandboxLimits, _kill_uid, bwrap_available, create_sandbox, flush_closed, materialize_base,
+from flywheel.sandbox.sandbox import (
+    ExecResult, SandboxLimits, kill_uid, bwrap_available, create_sandbox, flush_closed, materialize_base,
     resolve_kind,
 )
-from flywheel.envs.workspace import overlay_available
+from flywheel.sandbox.workspace import overlay_available
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="per-sandbox uid, unshare and overlay need root")
@@ -113,7 +113,7 @@ def test_python_is_found_when_the_venv_is_reached_through_a_symlink(kind: str, b
 
     link = tmp_path / "venv-link"
     link.symlink_to(os.path.realpath(sys.prefix), target_is_directory=True)
-    script = ("import sys; from pathlib import Path; from flywheel.envs.sandbox import SandboxLimits, create_sandbox\n"
+    script = ("import sys; from pathlib import Path; from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox\n"
               f"with create_sandbox(Path({str(base)!r}), SandboxLimits(), {kind!r}) as sb:\n"
               "    r = sb.run('python -c \"print(6 * 7)\"')\n"
               "print(r.returncode, r.output.strip())\n")
@@ -166,7 +166,7 @@ def test_workspace_creation_copies_nothing(base: Path) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_copy_fallback_when_overlay_cannot_be_mounted(kind: str, base: Path, monkeypatch) -> None:
-    from flywheel.envs import workspace
+    from flywheel.sandbox import workspace
 
     monkeypatch.setattr(workspace, "overlay_available", lambda tmp_root=None: False)
     with create_sandbox(base, SandboxLimits(), kind) as sb:
@@ -295,7 +295,7 @@ def test_fork_bomb_contained(kind: str, base: Path) -> None:
         uid = sb.uid
     assert bomb.returncode is not None
     time.sleep(0.05)
-    assert _kill_uid(uid, max_rounds=1) == 0  # nothing of the sandbox's uid survives close()
+    assert kill_uid(uid, max_rounds=1) == 0  # nothing of the sandbox's uid survives close()
     assert create_sandbox(base, SandboxLimits(), kind).run("echo alive").stdout == "alive\n"
 
 
@@ -380,7 +380,7 @@ def test_bwrap_limits_are_hard_and_devices_work_in_a_read_only_root(base: Path) 
 def test_exec_helper_rejects_bad_arguments() -> None:
     import subprocess
 
-    from flywheel.envs.rootfs import exec_helper
+    from flywheel.sandbox.rootfs import exec_helper
 
     helper = exec_helper()
     if helper is None:
@@ -416,8 +416,8 @@ def test_close_hands_unmount_to_the_background_and_flush_waits(base: Path) -> No
 def test_reap_stale_removes_only_what_dead_processes_left(tmp_path: Path) -> None:
     import subprocess
 
-    from flywheel.envs.rootfs import reap_stale
-    from flywheel.envs.workspace import Workspace, _mount_overlay
+    from flywheel.sandbox.rootfs import reap_stale
+    from flywheel.sandbox.workspace import Workspace, _mount_overlay
 
     if not overlay_available(str(tmp_path)):
         pytest.skip("overlay cannot be mounted here")
@@ -446,14 +446,14 @@ def test_reap_stale_removes_only_what_dead_processes_left(tmp_path: Path) -> Non
         assert str(made["dead"]) not in mounts and str(made["live"] / "ws") in mounts
     finally:
         live_ws.close()
-        from flywheel.envs.workspace import _umount
-        _umount(made["live"] / "ws")
+        from flywheel.sandbox.workspace import umount
+        umount(made["live"] / "ws")
 
 
 @needs_bwrap_root
 def test_bwrap_without_a_prepared_root_spells_the_view_out(base: Path, monkeypatch) -> None:
-    import flywheel.envs.rootfs as rootfs
-    import flywheel.envs.sandbox as sandbox
+    import flywheel.sandbox.rootfs as rootfs
+    import flywheel.sandbox.sandbox as sandbox
 
     monkeypatch.setattr(rootfs, "prepared_root", lambda tmp_root, roots: None)  # as where it cannot be built
     sandbox._bwrap_system_args_of.cache_clear()
@@ -469,9 +469,9 @@ def test_bwrap_without_a_prepared_root_spells_the_view_out(base: Path, monkeypat
 
 @needs_bwrap_root
 def test_forked_child_builds_its_own_root_and_leaves_the_parents(base: Path) -> None:
-    from flywheel.envs.rootfs import _remove_root, reap_stale
-    from flywheel.envs.sandbox import _bwrap_system_args
-    from flywheel.envs.workspace import default_tmp_root
+    from flywheel.sandbox.rootfs import _remove_root, reap_stale
+    from flywheel.sandbox.sandbox import _bwrap_system_args
+    from flywheel.sandbox.workspace import default_tmp_root
 
     def root_of_this_process() -> str:
         return next(a for a in _bwrap_system_args(default_tmp_root(), 1 << 20)[0] if "flywheel-root-" in a)
@@ -510,9 +510,9 @@ def test_forked_child_builds_its_own_root_and_leaves_the_parents(base: Path) -> 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_long_output_keeps_head_and_tail(kind: str, base: Path, monkeypatch) -> None:
-    import flywheel.envs.sandbox as sandbox
+    import flywheel.sandbox.host as host
 
-    monkeypatch.setattr(sandbox, "MAX_OUTPUT_BYTES", 1000)
+    monkeypatch.setattr(host, "MAX_OUTPUT_BYTES", 1000)
     full = "".join(f"{i}\n" for i in range(1, 3001))  # 13,893 bytes
     with create_sandbox(base, SandboxLimits(), kind) as sb:
         r = sb.run("seq 1 3000; echo short >&2", stdin="ignored\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.envs.synth import (
+from flywheel.tasks.synth import (
     DIFFICULTIES,
     MUTATIONS,
     RUNNER_FILE,
@@ -22,7 +22,7 @@ from flywheel.envs.synth import (
     templates_for,
     write_tasks,
 )
-from flywheel.envs.tasks import load_tasks
+from flywheel.tasks.loaders import load_tasks
 
 
 @pytest.fixture(scope="module")
@@ -168,15 +168,15 @@ def test_bad_arguments():
 
 
 def test_tasks_are_identical_across_processes_and_hash_seeds():
-    code = ("import hashlib, json; from flywheel.envs.synth import generate_tasks; "
-            "from flywheel.envs.tasks import task_to_dict; "
+    code = ("import hashlib, json; from flywheel.tasks.synth import generate_tasks; "
+            "from flywheel.tasks.loaders import task_to_dict; "
             "ts = generate_tasks(30, seed=4) + generate_tasks(10, seed=4, split='heldout'); "
             "print(hashlib.sha256(json.dumps([task_to_dict(t) for t in ts]).encode()).hexdigest())")
     import hashlib
     import json
     import os
 
-    from flywheel.envs.tasks import task_to_dict
+    from flywheel.tasks.loaders import task_to_dict
 
     ts = generate_tasks(30, seed=4) + generate_tasks(10, seed=4, split="heldout")
     here = hashlib.sha256(json.dumps([task_to_dict(t) for t in ts]).encode()).hexdigest()

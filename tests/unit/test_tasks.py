@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.envs.tasks import (
+from flywheel.tasks.loaders import (
     TaskLoadError,
     file_of_test,
     is_test_path,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import EnvConfig
-from flywheel.envs.sandbox import SandboxLimits, create_sandbox
-from flywheel.envs.tasks import load_tasks, task_base_dir
+from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.tasks.loaders import load_tasks, task_base_dir
 from flywheel.envs.tools import (
     TOOL_NAMES,
     TOOLS,

@@ -7,7 +7,7 @@ import pytest
 
 from flywheel.config import EnvConfig, MidtrainConfig
 from flywheel.envs.env import CodingEnv
-from flywheel.envs.synth import generate_tasks
+from flywheel.tasks.synth import generate_tasks
 from flywheel.pipeline.transcripts import (
     make_drills,
     make_transcripts,

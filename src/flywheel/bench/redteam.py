@@ -27,7 +27,7 @@ from pathlib import Path
 
 from flywheel.config import EnvConfig
 from flywheel.envs.reward import FLAGS, grade
-from flywheel.envs.tasks import parse_humaneval, task_base_dir
+from flywheel.tasks.loaders import parse_humaneval, task_base_dir
 from flywheel.redteam.attacks import ATTACKS
 from flywheel.redteam.legit import legit_cases
 from flywheel.redteam.run import Played, caught, play, regrade

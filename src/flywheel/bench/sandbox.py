@@ -32,8 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from flywheel.envs.sandbox import SandboxLimits, bwrap_available, create_sandbox, describe_host, flush_closed
-from flywheel.envs.workspace import Workspace, materialize_base
+from flywheel.sandbox.sandbox import SandboxLimits, bwrap_available, create_sandbox, describe_host, flush_closed
+from flywheel.sandbox.workspace import Workspace, materialize_base
 
 NUM_FILES = 2000
 TOTAL_MB = 50
@@ -102,7 +102,7 @@ def _grading(num_tasks: int, num_threads: int) -> dict[str, object]:
     try:
         from flywheel.config import EnvConfig
         from flywheel.envs.reward import grade
-        from flywheel.envs.synth import generate_tasks
+        from flywheel.tasks.synth import generate_tasks
     except ImportError as err:  # the grader is another part; report the gap rather than fail
         return {"error": f"grader unavailable: {err}"}
     tasks = generate_tasks(num_tasks, seed=0)
@@ -127,9 +127,9 @@ def _grading(num_tasks: int, num_threads: int) -> dict[str, object]:
 
 
 def _runner(num_runs: int, kind: str) -> dict[str, object]:
-    """`python runtests.py -q --junitxml=...` (envs/minitest.py, what grading and `run_tests` run) on a synthetic
+    """`python runtests.py -q --junitxml=...` (tasks/minitest.py, what grading and `run_tests` run) on a synthetic
     task, failing and fixed, in one sandbox; interleaved with `python -c pass`, the interpreter's floor."""
-    from flywheel.envs.synth import generate_tasks
+    from flywheel.tasks.synth import generate_tasks
 
     task = generate_tasks(1, seed=0)[0]
     cmds = {"failing": "python runtests.py -q --junitxml=/tmp/r.xml", "floor": "python -c pass"}

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from flywheel.config import load_config
-    from flywheel.envs.tasks import load_tasks
+    from flywheel.tasks.loaders import load_tasks
     from flywheel.pipeline.evaluation import evaluate_model
     from flywheel.pipeline.job import Progress
     from flywheel.policy.tokenizer import load_tokenizer

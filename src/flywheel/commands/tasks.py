@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="function templates to draw from (held-out templates never appear in train)")
     s.add_argument("--difficulty", choices=["easy", "medium", "hard"], default=None, help="default: a mix")
     s.add_argument("--runner", choices=["minitest", "pytest"], default="minitest",
-                   help="test runner the tasks use (default: runtests.py, see envs/minitest.py)")
+                   help="test runner the tasks use (default: runtests.py, see tasks/minitest.py)")
     c = sub.add_parser("check", help="load a task file and report broken tasks")
     c.add_argument("path", help="JSONL task file")
     c.add_argument("--format", default="auto", choices=["auto", "flywheel", "swebench", "humaneval"])
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     if args.action == "synth":
-        from flywheel.envs.synth import task_summary, write_tasks
+        from flywheel.tasks.synth import task_summary, write_tasks
 
         if args.n < 0:
             raise SystemExit("flywheel tasks synth: --n must be >= 0")
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {len(tasks)} verified tasks ({len(summary['function'])} functions) to {args.out} "
               f"in {time.perf_counter() - t0:.1f}s")
         return 0
-    from flywheel.envs.tasks import load_tasks
+    from flywheel.tasks.loaders import load_tasks
 
     try:
         load = load_tasks(args.path, fmt=args.format, repos_dir=args.repos_dir)
@@ -74,7 +74,7 @@ def _grade_solutions(tasks) -> int:
 
     from flywheel.config import EnvConfig
     from flywheel.envs.reward import grade
-    from flywheel.envs.tasks import task_base_dir, write_files
+    from flywheel.tasks.loaders import task_base_dir, write_files
 
     cfg, wrong, checked = EnvConfig(grade_cache=0), 0, 0
     root = Path(tempfile.mkdtemp(prefix="flywheel-check-"))

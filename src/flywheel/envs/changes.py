@@ -175,7 +175,7 @@ class RebuildGrader:
 
     def grade(self, task: Task, changes: Changes, tool_log: list[dict]) -> Reward:
         from flywheel.envs.reward import grade
-        from flywheel.envs.tasks import task_base_dir
+        from flywheel.tasks.loaders import task_base_dir
 
         base = task_base_dir(task, self.cache_dir)
         tmp = Path(tempfile.mkdtemp(prefix="flywheel-rebuild-"))

@@ -70,8 +70,8 @@ class CodingEnv:
             raise ValueError("env.rubric_weight > 0 needs a RubricJudge: pass CodingEnv(..., judge=RubricJudge(...))")
 
     def reset(self, task: Task) -> list[Message]:
-        from flywheel.envs.sandbox import SandboxLimits, create_sandbox
-        from flywheel.envs.tasks import task_base_dir
+        from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+        from flywheel.tasks.loaders import task_base_dir
 
         self.close()
         base = task_base_dir(task, self.cache_dir)

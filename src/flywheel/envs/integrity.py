@@ -34,7 +34,7 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from flywheel.envs.tasks import is_test_path
+from flywheel.tasks.loaders import is_test_path
 
 STATIC_FLAGS = ("framework_patch", "interpreter_hook", "always_equal", "runner_shadowed")
 

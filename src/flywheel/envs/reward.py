@@ -52,9 +52,9 @@ from flywheel.config import EnvConfig
 from flywheel.envs import guard
 from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
-from flywheel.envs.sandbox import SandboxLimits, create_sandbox
-from flywheel.envs.tasks import (
-    _base_permissions,
+from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.sandbox.workspace import base_permissions
+from flywheel.tasks.loaders import (
     file_of_test,
     is_test_path,
     original_file,
@@ -383,7 +383,7 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
             _restore(task, base, orig)
         except ValueError:
             return {"test_patch_failed": 1.0}, report, []
-        _base_permissions(base)
+        base_permissions(base)
         key = result_key(task, command, kind, base) if cfg.grade_cache and integrity else None
         cached = GRADE_CACHE.get(key)
         if cached is not None:

@@ -1,6 +1,6 @@
 """The generic path: any HF causal LM through its own forward, one sequence at a time.
 
-Used by LocalEngine for architectures without a native runner (flywheel/inference/qwen3.py covers the
+Used by LocalEngine for architectures without a native runner (flywheel/numerics/qwen3.py covers the
 Qwen3 family). Each sequence keeps its own HF cache (`past_key_values`) and decodes with batch size 1,
 so outputs are trivially batch-invariant; it is correct but slower than the native runner, since a step
 costs one HF forward per live sequence. Routed experts are not reported on this path.

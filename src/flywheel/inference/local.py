@@ -8,7 +8,7 @@ Why a thread: torch forward calls block, so a dedicated decode thread owns the m
 requests; the event loop stays free for the agent sessions and results come back through futures
 resolved with `loop.call_soon_threadsafe`. Between decode steps new requests are prefilled (within a
 `max_prefill_tokens` budget) and join the running batch; finished ones leave. Qwen3 / Qwen3-MoE use the
-native runner (inference/qwen3.py: no padding, per-sequence KV caches, batch-invariant matmuls); other
+native runner (numerics/qwen3.py: no padding, per-sequence KV caches, batch-invariant matmuls); other
 architectures use the HF forward one sequence at a time (inference/hf_runner.py).
 
 Prompt prefixes already computed (a session's earlier turns, a group's shared prompt) are reused instead of
@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import torch
 
-from flywheel.inference import qwen3
+from flywheel.numerics import qwen3
 from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token

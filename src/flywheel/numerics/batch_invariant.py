@@ -6,7 +6,7 @@ whole padded sequences.
     stats.layer_agree, stats.layer_replayed                   # per-layer router agreement (MoE replay)
 
 Why a second forward: the HF forward (SDPA over the whole sequence, other op order) gives each token a
-log-prob ~1e-6 away from the engine's. Here every op is the one `inference/qwen3.py` runs — the same
+log-prob ~1e-6 away from the engine's. Here every op is the one `numerics/qwen3.py` runs — the same
 `linear` (rows padded to a multiple of 16: one BLAS kernel family, one reduction order per row), the same
 RMSNorm and rotary tables, the same MoE expert loop (ascending expert order per token) — and attention
 is `numerics/attention.py`, which the engine also uses when `numerics.batch_invariant = true`. So a
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from flywheel.inference.qwen3 import Qwen3Runner, linear, mix_experts, rms_norm, supports
+from flywheel.numerics.qwen3 import Qwen3Runner, linear, mix_experts, rms_norm, supports
 from flywheel.numerics.attention import sequence_attention
 
 

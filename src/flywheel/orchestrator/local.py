@@ -146,6 +146,10 @@ class LocalRollouts:
             if n:
                 q.put(("generate", n, min_version))
 
+    def pool_stats(self) -> dict:
+        """A fixed set of child processes has no pool-wide counters (the nodes report their own)."""
+        return {}
+
     def _running_nodes(self) -> set[int]:
         return {s.node_id for s, p in zip(self.specs, self.procs) if p.is_alive()}
 

@@ -30,6 +30,7 @@ from flywheel.metrics.log import MetricsLog
 from flywheel.orchestrator.buffer import Buffer
 from flywheel.orchestrator.monitor import FlagMonitor, step_flag_rates
 from flywheel.orchestrator.pacing import ahead_limit, paced, to_grant
+from flywheel.orchestrator.source import RolloutSource
 from flywheel.types import Task, Trajectory
 
 
@@ -201,7 +202,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       **step_flag_rates(received),
                       **{f"flags/window_rate/{f}": r for f, r in monitor.rates().items()},
                       **_weights_metrics(trainer), **_node_metrics(node_stats),
-                      **(source.pool_stats() if hasattr(source, "pool_stats") else {})}  # Ray: pool-wide counters
+                      **source.pool_stats()}  # Ray: pool-wide counters
             received.clear()
             log.write(record)
             if on_step:
@@ -236,7 +237,7 @@ def _grant(cfg: FlywheelConfig, source, spec, granted: int, received: int, waiti
     return n
 
 
-def build_rollouts(cfg: FlywheelConfig, specs: list):
+def build_rollouts(cfg: FlywheelConfig, specs: list) -> RolloutSource:
     """The rollout source of `cfg.orchestrator.backend`: child processes (local) or Ray actors."""
     if cfg.orchestrator.backend == "ray":
         from flywheel.orchestrator.ray import RayRollouts

@@ -52,7 +52,8 @@ class InferenceNode:
 
         from flywheel.envs.env import CodingEnv
         from flywheel.inference.local import build_engine
-        from flywheel.pipeline.midtrain import chat_format
+        from flywheel.envs.tools import tools_for
+        from flywheel.policy.chat import ChatFormat
         from flywheel.numerics.lm_head import use_fp32_lm_head
         from flywheel.policy.model import load_model
         from flywheel.policy.tokenizer import load_tokenizer
@@ -64,7 +65,7 @@ class InferenceNode:
         self.spec = spec
         self.cfg = FlywheelConfig.model_validate(spec.config)
         self.tokenizer = load_tokenizer(spec.tokenizer_dir)
-        self.chat = chat_format(self.tokenizer, self.cfg.env)
+        self.chat = ChatFormat(self.tokenizer, tools_for(self.cfg.env))
         model = use_fp32_lm_head(load_model(spec.model_dir, self.cfg.model.dtype), self.cfg.numerics.fp32_lm_head)
         self.engine = build_engine(self.cfg.inference, model, self.tokenizer, self.cfg.numerics.batch_invariant)
         # store_url: a store directory / fsspec URL, or a relay's http URL (weights.sync.open_source)

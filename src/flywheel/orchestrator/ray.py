@@ -77,7 +77,7 @@ def init_ray(cfg: FlywheelConfig):
     return ray
 
 
-def _remote(cls, **options):
+def as_actor(cls, **options):
     """The one place a plain flywheel class becomes a Ray actor."""
     return _ray().remote(cls).options(**options)
 
@@ -194,7 +194,7 @@ class RayRollouts:
         late = TimeoutError(f"engine actors did not start within {timeout_s:g} s (each loads the model and warms up; "
                             "the cluster may be short of CPUs or busy); raise orchestrator.start_timeout_s")
         store = Path(self.store_url)
-        self.origin = _remote(RelayActor, num_cpus=0).remote(store=str(store.resolve()) if store.exists() else self.store_url)
+        self.origin = as_actor(RelayActor, num_cpus=0).remote(store=str(store.resolve()) if store.exists() else self.store_url)
         try:
             self.origin_url = ray.get(self.origin.url.remote(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -265,7 +265,7 @@ class RayRollouts:
 
         o = self.cfg.orchestrator
         env = self.cfg.env.model_dump(mode="json")
-        self.graders = [_remote(GraderActor, num_cpus=o.ray_grader_num_cpus, max_concurrency=o.ray_grader_concurrency,
+        self.graders = [as_actor(GraderActor, num_cpus=o.ray_grader_num_cpus, max_concurrency=o.ray_grader_concurrency,
                                 max_restarts=GRADER_MAX_RESTARTS, name=f"flywheel-grader-{self.cfg.name}-{i}")
                         .remote(env, str(self.run_dir / "cache" / f"grader{i}"))
                         for i in range(o.ray_num_graders)]
@@ -275,7 +275,7 @@ class RayRollouts:
 
         spec = dataclasses.replace(spec, region=region, store_url=self._relay_url(region))
         o = self.cfg.orchestrator
-        actor = _remote(EngineActor, num_cpus=o.ray_engine_num_cpus, num_gpus=o.ray_engine_num_gpus,
+        actor = as_actor(EngineActor, num_cpus=o.ray_engine_num_cpus, num_gpus=o.ray_engine_num_gpus,
                         max_concurrency=1000, max_restarts=0,
                         name=f"flywheel-engine-{self.cfg.name}-{spec.node_id}").remote(spec, graders=self.graders)
         e = Engine(spec.node_id, region, spec, actor)
@@ -288,7 +288,7 @@ class RayRollouts:
             from flywheel.orchestrator.ray_actors import RelayActor
 
             w = self.cfg.weights
-            actor = _remote(RelayActor, num_cpus=0).remote(upstream=self.origin_url, bandwidth_mbps=w.relay_bandwidth_mbps,
+            actor = as_actor(RelayActor, num_cpus=0).remote(upstream=self.origin_url, bandwidth_mbps=w.relay_bandwidth_mbps,
                                                            streams=w.relay_streams)
             self.relays[region] = (actor, _ray().get(actor.url.remote(), timeout=120))
         return self.relays[region][1]

@@ -6,7 +6,7 @@
     RelayActor(store=...) | RelayActor(upstream=url)   # weights.relay.RelayServer on the actor's node
 
 Why so: these are plain classes (no Ray import here); orchestrator/ray.py applies `ray.remote` to them in one
-place (`_remote`). The driver, not the engine, picks each group's task and seed, so a group whose engine dies
+place (`as_actor`). The driver, not the engine, picks each group's task and seed, so a group whose engine dies
 can be run again, identically, on another engine (re-queued). The engine keeps pulling the newest weights from
 its region's relay in the background, exactly as a local node does, and stamps every token with its version.
 """

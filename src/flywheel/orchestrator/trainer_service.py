@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.config import FlywheelConfig
+from flywheel.orchestrator.source import TrainerHandle
 from flywheel.types import Trajectory
 
 
@@ -106,12 +107,12 @@ class RayTrainer:
 
     def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False,
                  restart_timeout_s: float = 300.0):
-        from flywheel.orchestrator.ray import _remote, init_ray
+        from flywheel.orchestrator.ray import as_actor, init_ray
 
         self.ray = init_ray(cfg)
         o = cfg.orchestrator
         self.actor_name = f"flywheel-trainer-{cfg.name}"
-        self.actor = _remote(TrainerService, num_cpus=o.ray_trainer_num_cpus, num_gpus=o.ray_trainer_num_gpus,
+        self.actor = as_actor(TrainerService, num_cpus=o.ray_trainer_num_cpus, num_gpus=o.ray_trainer_num_gpus,
                              max_restarts=o.ray_trainer_max_restarts, max_task_retries=0,
                              name=self.actor_name).remote(cfg.model_dump(mode="json"), str(run_dir),
                                                           str(base_model_dir), resume)
@@ -178,7 +179,7 @@ class LocalTrainer(TrainerService):
         super().__init__(cfg.model_dump(mode="json"), str(run_dir), str(base_model_dir), resume)
 
 
-def build_trainer(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False):
+def build_trainer(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False) -> TrainerHandle:
     """The trainer side of `cfg.orchestrator.backend`: in this process (local) or a Ray actor (ray)."""
     if cfg.orchestrator.backend == "ray":
         return RayTrainer(cfg, run_dir, base_model_dir, resume)

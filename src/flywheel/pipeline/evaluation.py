@@ -23,7 +23,8 @@ async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task
                on_done: Callable[[dict], None] | None) -> EvalResult:
     from flywheel.envs.env import CodingEnv
     from flywheel.inference.local import build_engine
-    from flywheel.pipeline.midtrain import chat_format
+    from flywheel.envs.tools import tools_for
+    from flywheel.policy.chat import ChatFormat
     from flywheel.numerics.lm_head import use_fp32_lm_head
     from flywheel.policy.model import load_model
     from flywheel.rollout.evaluate import evaluate
@@ -34,7 +35,7 @@ async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task
     await engine.start()
     try:
         rollout = cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})
-        worker = RolloutWorker(engine, chat_format(tokenizer, cfg.env), lambda: CodingEnv(cfg.env, cache_dir, cfg.env.sandbox), rollout)
+        worker = RolloutWorker(engine, ChatFormat(tokenizer, tools_for(cfg.env)), lambda: CodingEnv(cfg.env, cache_dir, cfg.env.sandbox), rollout)
         k = cfg.eval.num_samples
         return await evaluate(worker, tasks, num_samples=k, ks=tuple(sorted({1, k})), seed=cfg.seed, on_done=on_done)
     finally:

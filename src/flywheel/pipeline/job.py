@@ -56,11 +56,12 @@ class Progress:
 def probe_copying(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks) -> dict[str, float]:
     from flywheel.envs.env import system_prompt
     from flywheel.pipeline.copy_probe import copy_probe
-    from flywheel.pipeline.midtrain import chat_format
+    from flywheel.envs.tools import tools_for
+    from flywheel.policy.chat import ChatFormat
     from flywheel.policy.model import load_model
 
     model = load_model(Path(model_dir), cfg.model.dtype)
-    return copy_probe(model, chat_format(tokenizer, cfg.env), system_prompt(cfg.env), tasks)
+    return copy_probe(model, ChatFormat(tokenizer, tools_for(cfg.env)), system_prompt(cfg.env), tasks)
 
 
 def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = True) -> dict:

@@ -25,14 +25,6 @@ def env_factory(cfg: FlywheelConfig, run_dir: Path):
     return lambda: CodingEnv(cfg.env, cache, cfg.env.sandbox)
 
 
-def chat_format(tokenizer, env_cfg):
-    """The chat format with the tool schemas this env config offers."""
-    from flywheel.envs.tools import tools_for
-    from flywheel.policy.chat import ChatFormat
-
-    return ChatFormat(tokenizer, tools_for(env_cfg))
-
-
 @contextmanager
 def torch_threads(n: int):
     """Run the block with `n` torch threads (0 = one per core), then restore the previous count."""
@@ -50,6 +42,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
              on_progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
     from flywheel.envs.env import system_prompt
+    from flywheel.envs.tools import tools_for
     from flywheel.pipeline.transcripts import make_drills, make_transcripts
     from flywheel.policy.chat import ChatFormat
     from flywheel.policy.model import build_model, save_model
@@ -58,7 +51,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     out = run_dir / "base_model"
     if (out / "config.json").exists():
         return out
-    chat = chat_format(tokenizer, cfg.env)
+    chat = ChatFormat(tokenizer, tools_for(cfg.env))
     n = cfg.midtrain.num_transcripts
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)

@@ -43,7 +43,7 @@ def _corrupt(text: str, rng: random.Random) -> str:
 def scripted_actions(task: Task, kind: str, rng: random.Random, giveup_share: float = 0.5) -> list[ToolCall]:
     """Tool calls for a session of `kind`: 'oracle', 'detour' or 'failed' (a `giveup_share` of failed sessions
     give up without editing, the rest submit a fix with one character wrong)."""
-    from flywheel.envs.synth import oracle_actions
+    from flywheel.tasks.synth import oracle_actions
 
     calls = oracle_actions(task)
     edit = next((i for i, c in enumerate(calls) if c.name == "str_replace"), None)
@@ -131,7 +131,7 @@ def random_edit(rng: random.Random) -> tuple[str, str]:
 def copy_episode(rng: random.Random) -> list[Message]:
     """A random easy-style statement and the turns that answer it: view the file, the edit (after a view of a
     made-up function holding the old text, or straight away)."""
-    from flywheel.envs.synth import easy_statement
+    from flywheel.tasks.synth import easy_statement
     from flywheel.envs.tools import number_lines
 
     path = f"{rng.choice(_FILES)}{rng.choice(['', '_', ''])}{rng.choice(['', str(rng.randint(1, 9))])}.py"
@@ -156,7 +156,7 @@ def copy_episode(rng: random.Random) -> list[Message]:
 def fix_turns(task: Task) -> list[Message] | None:
     """The known fix of `task` as a session: the statement, the view, the real file, then the edits; None when
     the fix is not a view of a workspace file followed by edits. Drills and the copy probe use it."""
-    from flywheel.envs.synth import oracle_actions
+    from flywheel.tasks.synth import oracle_actions
     from flywheel.envs.tools import number_lines
 
     calls = [c for c in oracle_actions(task) if c.arguments]
@@ -171,7 +171,7 @@ def fix_turns(task: Task) -> list[Message] | None:
 
 def task_episode(task: Task, rng: random.Random) -> list[Message] | None:
     """The known fix of `task` as drill turns: the view, then (after the real file) the edit; or one of them."""
-    from flywheel.envs.synth import oracle_actions
+    from flywheel.tasks.synth import oracle_actions
 
     calls = [c for c in oracle_actions(task) if c.arguments]
     if not calls:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flywheel.envs.tasks import original_file
+from flywheel.tasks.loaders import original_file
 from flywheel.redteam.targets import Target
 from flywheel.types import ToolCall
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
-from flywheel.envs.synth import generate_tasks
-from flywheel.envs.tasks import load_tasks, parse_humaneval
+from flywheel.tasks.synth import generate_tasks
+from flywheel.tasks.loaders import load_tasks, parse_humaneval
 from flywheel.types import Task
 
 KINDS = ("synthetic", "humaneval", "swebench")

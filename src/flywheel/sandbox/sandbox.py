@@ -1,6 +1,6 @@
 """Sandboxes: run an agent's shell commands in a private copy-on-write workspace, with limits.
 
-    from flywheel.envs.sandbox import SandboxLimits, create_sandbox, materialize_base
+    from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox, materialize_base
     base = materialize_base(task.files)                 # once per task
     with create_sandbox(base, SandboxLimits(), kind="auto") as sb:
         r = sb.run("python -m pytest -q", timeout_s=30)  # bash -c, cwd = the workspace
@@ -61,7 +61,6 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -69,7 +68,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -78,10 +76,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from flywheel.envs import netns
-from flywheel.envs.direct_exec import direct_argv
-from flywheel.envs.rootfs import EXEC_PATH, bwrap_system_args, reap_stale
-from flywheel.envs.workspace import (
+from flywheel.sandbox import netns
+from flywheel.sandbox.direct_exec import direct_argv
+from flywheel.sandbox.host import (
+    KINDS, UIDS, bwrap_available, default_path, is_root, kill_uid, memfd, python_roots, read_capped,
+    resolve_kind,
+)
+from flywheel.sandbox.rootfs import EXEC_PATH, bwrap_system_args, reap_stale
+from flywheel.sandbox.workspace import (
     Workspace, close_in_background, default_tmp_root, flush_closed, materialize_base, workspace_mode,
 )
 
@@ -93,11 +95,7 @@ __all__ = [
     "create_sandbox", "flush_closed", "materialize_base", "resolve_kind", "KINDS",
 ]
 
-KINDS = ("auto", "bwrap", "local")
-MAX_OUTPUT_BYTES = 8 * 1024 * 1024  # bytes kept per stream (head + tail); the harness truncates further
 BWRAP_WORKSPACE = "/workspace"
-_UID_BASE = 1_000_000_000
-_UID_SLOTS = 10_000
 
 
 @dataclass
@@ -155,87 +153,6 @@ class Sandbox(Protocol):
     def close(self) -> None: ...
 
 
-# ---------------------------------------------------------------------------------------------
-# Host facts (probed once)
-
-
-@functools.lru_cache(maxsize=1)
-def bwrap_available() -> bool:
-    """bubblewrap is installed and can create the namespaces we use (probed once by running `true`)."""
-    exe = shutil.which("bwrap")
-    if exe is None:
-        return False
-    try:
-        r = subprocess.run([exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net",
-                            "--unshare-pid", "--unshare-ipc", "--die-with-parent", "true"],
-                           capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
-
-
-def resolve_kind(kind: str) -> str:
-    """'auto' -> 'bwrap' where it works, else 'local'; 'bwrap' refused with a fix where it does not."""
-    if kind not in KINDS:
-        raise ValueError(f"sandbox kind must be one of {', '.join(KINDS)} (got {kind!r})")
-    if kind == "auto":
-        return "bwrap" if bwrap_available() else "local"
-    if kind == "bwrap" and not bwrap_available():
-        raise ValueError("sandbox kind 'bwrap' needs a working bubblewrap: install it (`apt-get install "
-                         "bubblewrap`) or set env.sandbox = 'local' (or 'auto')")
-    return kind
-
-
-def _is_root() -> bool:
-    return os.geteuid() == 0
-
-
-@functools.lru_cache(maxsize=1)
-def _python_roots() -> tuple[tuple[str, ...], str]:
-    """Host directories holding the running Python (venv + base install) and the venv's bin dir."""
-    roots: list[str] = []
-    for p in sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix),
-                     os.path.realpath(sys.exec_prefix)}, key=len):
-        if p.startswith("/usr/") or p == "/usr" or any(p.startswith(r + "/") for r in roots):
-            continue
-        roots.append(p)
-    # the resolved path: a venv reached through a symlink is bound at its real path, so its bin/ is there
-    return tuple(roots), os.path.join(os.path.realpath(sys.prefix), "bin")
-
-
-def _default_path() -> str:
-    """The sandboxed command's PATH: the interpreter's bin/ first (its pytest), then the system's."""
-    return f"{_python_roots()[1]}:/usr/local/bin:/usr/bin:/bin"
-
-
-class _UidPool:
-    """Unprivileged uids unique to each live sandbox of this process (and, via the pid, of this host)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()  # re-entrant: release() may run from a __del__ during acquire()
-        self._free: list[int] = []
-        self._next = 0
-        os.register_at_fork(after_in_child=self._after_fork)
-
-    def _after_fork(self) -> None:  # a thread of the parent may have held the lock; uids embed the pid
-        self._lock = threading.RLock()
-        self._free, self._next = [], 0
-
-    def acquire(self) -> int:
-        with self._lock:
-            if self._free:
-                slot = self._free.pop()
-            else:
-                slot = self._next % _UID_SLOTS  # beyond 10,000 live sandboxes, slots (budgets) are shared
-                self._next += 1
-            return _UID_BASE + (os.getpid() % 100_000) * _UID_SLOTS + slot
-
-    def release(self, uid: int) -> None:
-        with self._lock:
-            self._free.append((uid - _UID_BASE) % _UID_SLOTS)
-
-
-_UIDS = _UidPool()
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # sandboxes not yet closed: closed at interpreter exit
 
 
@@ -258,61 +175,6 @@ def _reap_once(tmp_root: str) -> int:
     return reap_stale(tmp_root)
 
 
-def _kill_uid(uid: int, max_rounds: int = 100) -> int:
-    """SIGKILL every process whose owner is `uid` until none is left; returns how many were killed."""
-    killed = 0
-    for _ in range(max_rounds):
-        found = []
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    if os.stat(f"/proc/{name}").st_uid == uid:
-                        found.append(int(name))
-                except OSError:
-                    continue
-        if not found:
-            return killed
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        time.sleep(0.005)
-    return killed
-
-
-def _read_capped(fd: int) -> str:
-    """What a command wrote to the memfd `fd`: all of it, or its first and last MAX_OUTPUT_BYTES / 2."""
-    size = os.fstat(fd).st_size
-    if size <= MAX_OUTPUT_BYTES:
-        data = os.pread(fd, size, 0) if size else b""
-    else:
-        half = MAX_OUTPUT_BYTES // 2
-        data = (os.pread(fd, half, 0) + f"\n[... {size - 2 * half} bytes cut ...]\n".encode()
-                + os.pread(fd, half, size - half))
-    return data.decode("utf-8", errors="replace")
-
-
-def _memfd(name: str, text: str | None = None) -> int:
-    """An anonymous in-memory file (no path to create or unlink), rewound after `text` is written.
-
-    An output memfd (no `text`) is opened for appending: the processes of one command share its file
-    offset, and the kernel does not serialise that offset for memfds, so two processes writing at once
-    (a server and a client, `a & b`) wrote at the same offset and one's bytes overwrote the other's.
-    With O_APPEND every write lands at the end, whole."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    if text:
-        data = text.encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
-    else:
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
-    return fd
-
-
 # ---------------------------------------------------------------------------------------------
 # Sandboxes
 
@@ -326,7 +188,7 @@ class _BaseSandbox(abc.ABC):
         self.limits = limits
         self._owner_pid = os.getpid()  # a forked child inherits this object but must not tear it down
         _reap_once(tmp_root or default_tmp_root())
-        self.uid = _UIDS.acquire() if _is_root() else None
+        self.uid = UIDS.acquire() if is_root() else None
         self._lock = threading.Lock()
         self._num_runs = 0
         self._running: set[int] = set()  # process groups of commands in flight
@@ -335,7 +197,7 @@ class _BaseSandbox(abc.ABC):
             self._ws = Workspace(base, owner_uid=self.uid, tmp_root=tmp_root)
         except BaseException:
             if self.uid is not None:
-                _UIDS.release(self.uid)
+                UIDS.release(self.uid)
             raise
         self.workspace = self._ws.path
         self.inner_workspace = str(self.workspace)
@@ -355,7 +217,7 @@ class _BaseSandbox(abc.ABC):
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs"]
 
     def _env(self, env: dict[str, str] | None, home: str, tmp: str) -> dict[str, str]:
-        out = {"PATH": _default_path(), "HOME": home, "TMPDIR": tmp,
+        out = {"PATH": default_path(), "HOME": home, "TMPDIR": tmp,
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
         if env is not None:
             if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
@@ -384,12 +246,12 @@ class _BaseSandbox(abc.ABC):
     def _released(self) -> None:
         """After close, once the workspace is gone: give back what the sandbox held."""
         if self.uid is not None:
-            _UIDS.release(self.uid)
+            UIDS.release(self.uid)
 
     def _kill_leftovers(self) -> None:
         """At close: kill what may outlive a command's process group (kinds without a pid namespace)."""
         if self.uid is not None:
-            _kill_uid(self.uid)
+            kill_uid(self.uid)
 
     def _after_timeout(self, info_r: int) -> None:
         """Make sure nothing of a killed command is left (`info_r`: bwrap's info pipe, or -1)."""
@@ -413,8 +275,8 @@ class _BaseSandbox(abc.ABC):
         run_env = self._run_env(env)
         # Output goes to memfds, not pipes: a background process that keeps stdout open does not make
         # us wait for the timeout, and there is no file to create and unlink per command.
-        fds = [_memfd("stdout"), _memfd("stderr")]
-        in_fd = subprocess.DEVNULL if stdin is None else _memfd("stdin", stdin)
+        fds = [memfd("stdout"), memfd("stderr")]
+        in_fd = subprocess.DEVNULL if stdin is None else memfd("stdin", stdin)
         if stdin is not None:
             fds.append(in_fd)
         info_r, info_w = os.pipe() if self._wants_info_fd else (-1, -1)
@@ -439,7 +301,7 @@ class _BaseSandbox(abc.ABC):
             _killpg(proc.pid)  # leftovers in the group (no-op for bwrap: the pid namespace is gone)
             self._running.discard(proc.pid)
             duration = time.perf_counter() - t0
-            return ExecResult(proc.returncode, _read_capped(fds[0]), _read_capped(fds[1]), timed_out, duration)
+            return ExecResult(proc.returncode, read_capped(fds[0]), read_capped(fds[1]), timed_out, duration)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -517,7 +379,7 @@ def _bwrap_system_args(tmp_root: str, tmp_bytes: int) -> tuple[tuple[str, ...], 
 @functools.lru_cache(maxsize=16)
 def _bwrap_system_args_of(tmp_root: str, tmp_bytes: int, pid: int) -> tuple[tuple[str, ...], bool]:
     """Per process (`pid`): a forked child must not use its parent's prepared root."""
-    return bwrap_system_args(shutil.which("bwrap") or "bwrap", tmp_root, tmp_bytes, _python_roots()[0])
+    return bwrap_system_args(shutil.which("bwrap") or "bwrap", tmp_root, tmp_bytes, python_roots()[0])
 
 
 class BwrapSandbox(_BaseSandbox):
@@ -559,7 +421,7 @@ class BwrapSandbox(_BaseSandbox):
         argv = [*self._prefix[:i], "--info-fd", str(info_fd), *self._prefix[i:], script]
         # A command of plain words is exec'd without bash (`direct_exec.py`), when the helper already set
         # the limits and PATH is the default one, whose directories lie at the same paths inside.
-        direct = None if self._limits_in_script or path != _default_path() else direct_argv(script, path.split(":"))
+        direct = None if self._limits_in_script or path != default_path() else direct_argv(script, path.split(":"))
         return argv if direct is None else argv[:-4] + direct
 
     def _kill_leftovers(self) -> None:
@@ -624,7 +486,7 @@ def _python_view_fstab() -> str | None:
     directory is covered by a world-traversable skeleton holding read-only binds of the Python roots
     only. Built once per process; the mounts exist only inside each command's mount namespace.
     """
-    roots, _ = _python_roots()
+    roots, _ = python_roots()
     blocked = [(r, a) for r in roots if (a := _blocking_ancestor(r)) is not None]
     if not blocked:
         return None
@@ -678,7 +540,7 @@ class LocalSandbox(_BaseSandbox):
 
     def _after_timeout(self, info_r: int) -> None:
         if self.uid is not None:
-            _kill_uid(self.uid)  # daemons that escaped the process group with setsid
+            kill_uid(self.uid)  # daemons that escaped the process group with setsid
 
 
 def create_sandbox(base: Path, limits: SandboxLimits | None = None, kind: str = "auto",
@@ -694,7 +556,7 @@ def describe_host(tmp_root: str | None = None) -> dict[str, object]:
     """What this host gives sandboxes: for benchmarks and `flywheel` diagnostics."""
     tmp = tmp_root or default_tmp_root()
     out: dict[str, object] = {"bwrap": bwrap_available(), "auto_kind": resolve_kind("auto"),
-                              "workspace_mode": workspace_mode(tmp_root), "root": _is_root(),
+                              "workspace_mode": workspace_mode(tmp_root), "root": is_root(),
                               "bwrap_path": shutil.which("bwrap"), "stale_dirs_reaped": _reap_once(tmp)}
     if out["bwrap"]:
         system, helper = _bwrap_system_args(tmp, 1 << 20)

@@ -23,7 +23,7 @@ per-sandbox gid, `1e9 + pid * 1e4 + slot`), and is removed only when no process 
 alive. Leftover mounts are not only litter: every one of them makes every later bwrap slower.
 Assumption: every process that keeps sandboxes under the directory lives in this pid namespace.
 
-    from flywheel.envs.rootfs import bwrap_system_args, prepared_root, reap_stale
+    from flywheel.sandbox.rootfs import bwrap_system_args, prepared_root, reap_stale
     root = prepared_root("/dev/shm", ("/work/main/.venv",))   # None where it cannot be built
     args, has_helper = bwrap_system_args("/usr/bin/bwrap", "/dev/shm", 256 << 20, ("/work/main/.venv",))
     reap_stale("/dev/shm")                                       # -> number of directories removed
@@ -45,7 +45,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from flywheel.envs.workspace import _libc, _umount
+from flywheel.sandbox.workspace import libc, umount
 
 __all__ = ["EXEC_PATH", "ROOT_PREFIX", "bwrap_system_args", "exec_helper", "prepared_root", "reap_stale"]
 
@@ -162,7 +162,7 @@ int main(int argc, char **argv) {
 
 
 def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    rc = _libc().mount(None if src is None else src.encode(), target.encode(),
+    rc = libc().mount(None if src is None else src.encode(), target.encode(),
                        None if fstype is None else fstype.encode(), flags, None if data is None else data.encode())
     if rc != 0:
         import ctypes
@@ -279,7 +279,7 @@ def _prepared_root_cached(tmp_root: str, python_roots: tuple[str, ...], pid: int
             raise OSError(0, f"prepared root is not read-only at {writable}")
     except OSError:
         if mounted:
-            _umount(d)
+            umount(d)
         shutil.rmtree(d, ignore_errors=True)
         return None
     atexit.register(_remove_root, str(d), os.getpid())
@@ -298,7 +298,7 @@ def _remove_root(d: str, owner_pid: int) -> None:
     if os.getpid() != owner_pid:  # a forked child exiting: the root is its parent's
         return
     try:
-        _umount(Path(d))  # MNT_DETACH takes the binds inside with it
+        umount(Path(d))  # MNT_DETACH takes the binds inside with it
         os.rmdir(d)
     except OSError:
         pass
@@ -354,7 +354,7 @@ def reap_stale(tmp_root: str) -> int:
                 continue
             path = Path(e.path)
             for m in (path / "ws", path):
-                _umount(m)
+                umount(m)
             shutil.rmtree(path, ignore_errors=True)
             removed += 0 if path.exists() else 1
         except OSError:

@@ -20,7 +20,7 @@ Formats:
   holds the prompt and the agent completes it; the hidden test calls `check(entry_point)` in a namespace that
   holds every name `solution.py` defines or imports (the official harness runs prompt, completion and test as
   one program, and some tests call the prompt's helpers). It runs under the standard-library runner
-  (`runtests.py`, envs/minitest.py), so HumanEval grades with the runtime dependencies alone.
+  (`runtests.py`, tasks/minitest.py), so HumanEval grades with the runtime dependencies alone.
 
 A test command that runs `python -m MODULE` must find MODULE in this Python (the one the sandbox runs):
 `python -m pytest` without pytest installed is a broken task, never a silent reward of 0.
@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flywheel.envs import minitest
+from flywheel.sandbox.workspace import base_permissions, materialize_base
+from flywheel.tasks import minitest
 from flywheel.types import Task, TaskLimits
 
 FORMATS = ("auto", "flywheel", "swebench", "humaneval")
@@ -263,7 +264,7 @@ RUNNER_FILE = "runtests.py"
 
 
 def runner_source() -> str:
-    """The standard-library test runner (envs/minitest.py) that tasks ship as `runtests.py`."""
+    """The standard-library test runner (tasks/minitest.py) that tasks ship as `runtests.py`."""
     return Path(minitest.__file__).read_text(encoding="utf-8")
 
 
@@ -368,27 +369,6 @@ def export_commit(repo: str | Path, commit: str, dest: Path) -> None:
         tar.extractall(dest, filter="data")
 
 
-def _materialize_base(files: dict[str, str], dest: Path) -> Path:
-    try:
-        from flywheel.envs.sandbox import materialize_base
-    except ImportError:
-        from flywheel.envs.workspace import materialize_base
-    return materialize_base(files, dest)
-
-
-def _base_permissions(root: Path) -> None:
-    """The sandbox's convention for a base (see `envs/workspace.py`): contents world-writable (sandboxed
-    commands run as an unprivileged uid and must edit the copied-up files), the base itself root-only."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            os.chmod(os.path.join(dirpath, d), 0o777)
-        for f in filenames:
-            fp = os.path.join(dirpath, f)
-            if not os.path.islink(fp):
-                os.chmod(fp, 0o777 if os.access(fp, os.X_OK) else 0o666)
-    os.chmod(root, 0o700)
-
-
 def task_base_dir(task: Task, cache_dir: str | Path) -> Path:
     """The task's initial workspace, materialised once under `cache_dir` and reused (read it, never write it)."""
     cache = Path(cache_dir)
@@ -403,9 +383,9 @@ def task_base_dir(task: Task, cache_dir: str | Path) -> Path:
                 raise ValueError(f"task {task.id!r} names a repo but no commit")
             export_commit(task.repo, task.commit, tmp)
             write_files(tmp, task.files)
-            _base_permissions(tmp)
+            base_permissions(tmp)
         else:
-            _materialize_base(task.files, tmp)
+            materialize_base(task.files, tmp)
         try:
             os.rename(tmp, final)
         except OSError:  # another worker won the race; theirs is identical

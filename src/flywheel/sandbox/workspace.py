@@ -20,7 +20,7 @@ The base directory is made root-only (mode 0700) with world-writable contents (0
 sandboxed commands run as a per-sandbox unprivileged uid (see `sandbox.py`), which must be able to
 modify the files after copy-up but must never reach the base itself by its host path.
 
-    from flywheel.envs.workspace import materialize_base, create_workspace
+    from flywheel.sandbox.workspace import materialize_base, create_workspace
     base = materialize_base({"src/app.py": "print(1)\\n"})
     ws = create_workspace(base, owner_uid=None)   # ws.path is the merged, writable view
     ws.close()                                      # unmount and remove; idempotent
@@ -49,7 +49,7 @@ __all__ = ["Workspace", "close_in_background", "create_workspace", "default_tmp_
 
 
 @functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL:
+def libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -57,14 +57,14 @@ def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
     if any(c in str(p) for p in (lower, upper, work) for c in ",:"):
         raise ValueError(f"overlay paths may not contain ',' or ':' (got {opts!r}); use plain directory names")
-    rc = _libc().mount(b"overlay", str(target).encode(), b"overlay", 0, opts.encode())
+    rc = libc().mount(b"overlay", str(target).encode(), b"overlay", 0, opts.encode())
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount overlay on {target}: {os.strerror(err)}")
 
 
-def _umount(target: Path) -> None:
-    if _libc().umount2(str(target).encode(), _MNT_DETACH) != 0:
+def umount(target: Path) -> None:
+    if libc().umount2(str(target).encode(), _MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (22, 2):  # EINVAL: not a mount point (already gone); ENOENT
             raise OSError(err, f"umount {target}: {os.strerror(err)}")
@@ -101,7 +101,7 @@ def overlay_available(tmp_root: str | None = None) -> bool:
         except OSError:
             return False
         ok = (probe / "m" / "f").read_text() == "x"
-        _umount(probe / "m")
+        umount(probe / "m")
         return ok
     finally:
         shutil.rmtree(probe, ignore_errors=True)
@@ -120,6 +120,19 @@ def _check_rel_path(rel: str) -> PurePosixPath:
     if p.is_absolute() or ".." in p.parts or "\\" in rel or "\x00" in rel:
         raise ValueError(f"task file path {rel!r} must be relative, inside the workspace, without '..'")
     return p
+
+
+def base_permissions(root: Path) -> None:
+    """The sandbox's convention for a base (this module): contents world-writable (sandboxed
+    commands run as an unprivileged uid and must edit the copied-up files), the base itself root-only."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o777)
+        for f in filenames:
+            fp = os.path.join(dirpath, f)
+            if not os.path.islink(fp):
+                os.chmod(fp, 0o777 if os.access(fp, os.X_OK) else 0o666)
+    os.chmod(root, 0o700)
 
 
 def materialize_base(files: dict[str, str], dest: Path | None = None) -> Path:
@@ -214,7 +227,7 @@ class Workspace:
             return
         self._closed = True
         if self._mounted:
-            _umount(self.path)
+            umount(self.path)
             self._mounted = False
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -33,7 +33,7 @@ import struct
 import threading
 from collections.abc import Iterator
 
-from flywheel.envs.workspace import _libc
+from flywheel.sandbox.workspace import libc
 
 __all__ = ["POOL", "NetnsPool", "available", "entered"]
 
@@ -55,7 +55,7 @@ def _make() -> int:
 
     def body() -> None:  # on a thread of its own: unshare() moves only this thread, which then ends
         try:
-            _check(_libc().unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+            _check(libc().unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
                 fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
@@ -105,12 +105,12 @@ def entered(ns: int) -> Iterator[None]:
     """Run the body with the calling thread in namespace `ns` (processes it starts are born there)."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _check(_libc().setns(ns, _CLONE_NEWNET), "setns(sandbox netns)")
+        _check(libc().setns(ns, _CLONE_NEWNET), "setns(sandbox netns)")
         try:
             yield
         finally:
             # Failing to return would leave this thread (a pool worker, say) without the host network.
-            _check(_libc().setns(home, _CLONE_NEWNET), "setns(back to the host netns)")
+            _check(libc().setns(home, _CLONE_NEWNET), "setns(back to the host netns)")
     finally:
         os.close(home)
 
