@@ -2,7 +2,8 @@
 
 Targets are the modules of `flywheel.bench`; each defines `run(args) -> dict` returning a result with
 a `summary` object (the headline figures) and the baselines measured in the same run. The machine
-(CPU, cores, torch version) is recorded beside them.
+(CPU, cores, torch version) and the provenance (commit, uncommitted changes, date, command) are recorded
+beside them. `flywheel bench table` renders every result file into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ def _targets() -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", choices=_targets(), help="what to measure")
-    p.add_argument("--out", default=None, help="JSON output path (default: benchmarks/results/<target>.json)")
+    p.add_argument("target", choices=[*_targets(), "table"], help="what to measure; `table` writes docs/benchmarks.md "
+                   "from the result files instead")
+    p.add_argument("--out", default=None, help="JSON output path (default: benchmarks/results/<target>.json; "
+                   "for `table`: docs/benchmarks.md)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
     p.add_argument("--base", default=None, help="pipeline: a mid-trained model directory (with its tokenizer) to "
@@ -39,6 +42,13 @@ def run(args: argparse.Namespace) -> int:
 
     from flywheel.bench._machine import machine_info, provenance
 
+    if args.target == "table":
+        from flywheel.bench._table import render, update
+
+        out = Path(args.out or "docs/benchmarks.md")
+        out.write_text(update(out, render(Path("benchmarks/results"), _targets())), encoding="utf-8")
+        print(f"wrote {out}")
+        return 0
     mod = importlib.import_module(f"flywheel.bench.{args.target}")
     started = provenance()  # before the run: the tree it measured
     result = mod.run(args)
