@@ -8,7 +8,7 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo lint test test-fast bench clean
 
 # What the job needs: torch and the package (the demo installs only this, ~1 minute less than the test set).
 $(RUNTIME): pyproject.toml Makefile
@@ -31,7 +31,10 @@ setup: $(STAMP)
 demo: $(RUNTIME)
 	$(VENV)/bin/flywheel demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(PY) -m ruff check src tests
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -m "not gpu" --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

@@ -1,6 +1,6 @@
 """The data that flows between components: messages, tool calls, generations, tasks, trajectories.
 
-Plain dataclasses, no torch: these cross process boundaries (JSON lines, msgpack, Ray) and must stay
+Plain dataclasses, no torch: these cross process boundaries (JSON lines, Ray) and must stay
 cheap to import. Token-level arrays are plain lists of ints/floats so a trajectory serialises as is.
 """
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from build_demo_base import DEMO_CONFIG
 
 _BUILD = pytest.StashKey["DemoBaseBuild"]()
@@ -70,7 +69,7 @@ class DemoBaseBuild:
             rc = self.proc.wait(timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.stop()
-            raise RuntimeError(f"building the demo base took over {BUILD_TIMEOUT_S} s; log: {self._log_tail()}")
+            raise RuntimeError(f"building the demo base took over {BUILD_TIMEOUT_S} s; log: {self._log_tail()}") from None
         if rc != 0 or not (self.root / "base.json").exists():
             raise RuntimeError(f"building the demo base failed (exit {rc}):\n{self._log_tail()}")
         pass1 = json.loads((self.root / "base.json").read_text())["pass1"]

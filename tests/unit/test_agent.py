@@ -11,9 +11,9 @@ import pytest
 
 from flywheel.config import EnvConfig, ModelConfig, RolloutConfig
 from flywheel.envs.env import CodingEnv
-from flywheel.tasks.synth import generate_tasks, oracle_actions
 from flywheel.rollout.agent import SUMMARY_PREFIX, EnvironmentFailure, run_session
 from flywheel.rollout.worker import RolloutWorker
+from flywheel.tasks.synth import generate_tasks, oracle_actions
 from flywheel.types import Generation, Message
 
 ENV = EnvConfig(sandbox="local", tools="core")

@@ -21,8 +21,8 @@ def test_tasks_check_grade_finds_a_test_command_the_guard_cannot_work_with(tmp_p
     import dataclasses
 
     from flywheel.cli import main
-    from flywheel.tasks.synth import generate_tasks
     from flywheel.tasks.loaders import save_tasks
+    from flywheel.tasks.synth import generate_tasks
 
     good = generate_tasks(2, seed=5, split="train", difficulty="easy")
     bad = dataclasses.replace(good[1], id="isolated", test_command="python -I runtests.py -q")

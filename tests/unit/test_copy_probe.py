@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from flywheel.envs.env import SYSTEM_COMPACT
-from flywheel.tasks.synth import generate_tasks
 from flywheel.pipeline.copy_probe import _edit_session, argument_span, copy_probe
 from flywheel.pipeline.transcripts import render_transcript
+from flywheel.tasks.synth import generate_tasks
 
 
 class NextTokenOracle(torch.nn.Module):

@@ -8,9 +8,9 @@ import pytest
 
 from flywheel.config import EnvConfig
 from flywheel.envs.env import NO_CALL, SYSTEM_COMPACT, CodingEnv
-from flywheel.tasks.synth import generate_tasks, oracle_actions
-from flywheel.tasks.loaders import load_tasks
 from flywheel.envs.tools import TOOLS
+from flywheel.tasks.loaders import load_tasks
+from flywheel.tasks.synth import generate_tasks, oracle_actions
 from flywheel.types import ToolCall, ToolCallError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
@@ -63,7 +63,8 @@ def test_malformed_calls_do_not_end_the_session(tmp_path):
     env = CodingEnv(EnvConfig(), tmp_path / "cache")
     msgs = env.reset(task)
     assert msgs[0].content == SYSTEM_COMPACT and env.tools is TOOLS
-    assert [t["name"] for t in CodingEnv(EnvConfig(tools="core"), tmp_path).tools] == ["view", "str_replace", "run_tests", "submit"]
+    core = ["view", "str_replace", "run_tests", "submit"]
+    assert [t["name"] for t in CodingEnv(EnvConfig(tools="core"), tmp_path).tools] == core
     obs, done = env.step([], [ToolCallError("malformed_json", "Expecting ',' delimiter", raw="<tool_call>{")])
     assert not done and obs[0].role == "tool" and obs[0].content.startswith("Error (malformed_json)")
     obs, done = env.step([ToolCall("explode", {}), ToolCall("view", {"pathh": "x"}), ToolCall("view", [1])])

@@ -11,8 +11,14 @@ import pytest
 import torch
 
 from flywheel.config import TrainerConfig
-from flywheel.trainer.losses import (aggregation_weights, correction_weights, kl_k3, loss_options, policy_loss,
-                                     ppo_token_loss)
+from flywheel.trainer.losses import (
+    aggregation_weights,
+    correction_weights,
+    kl_k3,
+    loss_options,
+    policy_loss,
+    ppo_token_loss,
+)
 from flywheel.trainer.mismatch import mismatch_metrics
 
 RATIOS = [[1.5, 0.5, 1.0], [1.5, 0.5, 1.0]]

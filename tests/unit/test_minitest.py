@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import EnvConfig
-from flywheel.tasks import minitest
 from flywheel.envs.reward import grade, parse_junit
+from flywheel.tasks import minitest
 from flywheel.tasks.synth import RUNNER_FILE, generate_tasks, with_runner
 
 RUNNER = Path(minitest.__file__)
@@ -43,7 +43,7 @@ def tasks():
 def test_grading_agrees_with_pytest(tmp_path, tasks):
     """The same workspaces graded through real sandboxes under both runners give identical per-test verdicts."""
     cfg = EnvConfig()
-    for k, t in enumerate(tasks):
+    for t in tasks:
         assert t.test_command == f"python {RUNNER_FILE} -q" and t.files[RUNNER_FILE] == t.hidden_files[RUNNER_FILE]
         plain = dataclasses.replace(t, files={p: s for p, s in t.files.items() if p != RUNNER_FILE},
                                     hidden_files={p: s for p, s in t.hidden_files.items() if p != RUNNER_FILE},

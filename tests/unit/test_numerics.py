@@ -11,9 +11,9 @@ import torch
 
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.inference.local import LocalEngine
-from flywheel.numerics.qwen3 import Qwen3Runner
 from flywheel.numerics.attention import ATTN_TILE, key_span, sequence_attention
 from flywheel.numerics.batch_invariant import BatchInvariantForward
+from flywheel.numerics.qwen3 import Qwen3Runner
 from flywheel.policy.logprobs import logprobs_from_logits, token_logprobs
 from flywheel.policy.model import build_model
 from flywheel.trainer.mismatch import mismatch_metrics

@@ -15,7 +15,8 @@ import hashlib, sys
 from flywheel.weights.sync import Subscriber
 sub = Subscriber(sys.argv[1], streams=4)
 assert sub.poll() == 1, sub.last_error
-h = hashlib.sha256(b"".join(sub.tensors[k].view(-1).view(__import__("torch").uint8).numpy().tobytes() for k in sorted(sub.tensors)))
+h = hashlib.sha256(b"".join(sub.tensors[k].view(-1).view(__import__("torch").uint8).numpy().tobytes()
+                           for k in sorted(sub.tensors)))
 print(h.hexdigest())
 """
 

@@ -23,10 +23,10 @@ from flywheel.config import EnvConfig
 from flywheel.envs.changes import Changes, RebuildGrader, apply_changes, capture_changes
 from flywheel.envs.env import CodingEnv
 from flywheel.envs.reward import grade
-from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
-from flywheel.tasks.synth import generate_tasks, oracle_actions
-from flywheel.tasks.loaders import load_tasks, task_base_dir
 from flywheel.orchestrator.grader import GraderPool
+from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.tasks.loaders import load_tasks, task_base_dir
+from flywheel.tasks.synth import generate_tasks, oracle_actions
 from flywheel.types import Reward, ToolCall
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
@@ -303,7 +303,10 @@ def test_get_collects_every_ready_future_in_one_pass(tmp_path, monkeypatch):
     e0 = ray_backend.Engine(0, "default", spec, h0)
     e1 = ray_backend.Engine(1, "default", spec, h1)
     pool.engines = {0: e0, 1: e1}
-    job = lambda gid: ray_backend.Job(0, 1, gid, attempts=1)
+
+    def job(gid):
+        return ray_backend.Job(0, 1, gid, attempts=1)
+
     # submission order is not completion order: "c" finished before "b" (its engine had done fewer sessions)
     for name, ready, num in [("a", True, 4), ("b", True, 12), ("c", True, 8), ("slow", False, 0)]:
         e0.inflight[_Future(name, ready, num_sessions=num)] = job(name)

@@ -18,7 +18,13 @@ import pytest
 
 from flywheel.config import EnvConfig
 from flywheel.sandbox.sandbox import (
-    ExecResult, SandboxLimits, kill_uid, bwrap_available, create_sandbox, flush_closed, materialize_base,
+    ExecResult,
+    SandboxLimits,
+    bwrap_available,
+    create_sandbox,
+    flush_closed,
+    kill_uid,
+    materialize_base,
     resolve_kind,
 )
 from flywheel.sandbox.workspace import overlay_available

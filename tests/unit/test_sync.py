@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from flywheel.inference.local import LocalEngine
 from flywheel.config import ModelConfig
+from flywheel.inference.local import LocalEngine
 from flywheel.policy.model import build_model
 from flywheel.weights.sync import Publisher, Subscriber
 

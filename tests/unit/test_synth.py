@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.tasks.loaders import load_tasks
 from flywheel.tasks.synth import (
     DIFFICULTIES,
     MUTATIONS,
@@ -22,7 +23,6 @@ from flywheel.tasks.synth import (
     templates_for,
     write_tasks,
 )
-from flywheel.tasks.loaders import load_tasks
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import EnvConfig
-from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
-from flywheel.tasks.loaders import load_tasks, task_base_dir
 from flywheel.envs.tools import (
     TOOL_NAMES,
     TOOLS,
@@ -17,6 +15,8 @@ from flywheel.envs.tools import (
     outside_references,
     truncate,
 )
+from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.tasks.loaders import load_tasks, task_base_dir
 from flywheel.types import ToolCall, ToolCallError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
@@ -39,7 +39,8 @@ def call(h: Harness, name: str, **args):
 def test_schemas_are_compact_json_schemas():
     assert TOOL_NAMES == ["view", "str_replace", "write", "bash", "run_tests", "search", "submit"]
     for t in TOOLS:
-        assert t["parameters"]["type"] == "object" and set(t["parameters"].get("required", [])) <= set(t["parameters"]["properties"])
+        params = t["parameters"]
+        assert params["type"] == "object" and set(params.get("required", [])) <= set(params["properties"])
     import json
 
     assert len(json.dumps(TOOLS)) < 1400  # the whole tool list stays small for the tiny model's context

@@ -7,7 +7,6 @@ import pytest
 
 from flywheel.config import EnvConfig, MidtrainConfig
 from flywheel.envs.env import CodingEnv
-from flywheel.tasks.synth import generate_tasks
 from flywheel.pipeline.transcripts import (
     make_drills,
     make_transcripts,
@@ -16,6 +15,7 @@ from flywheel.pipeline.transcripts import (
     scripted_actions,
 )
 from flywheel.policy.chat import ChatFormat
+from flywheel.tasks.synth import generate_tasks
 from flywheel.types import Task
 
 ENV = EnvConfig(sandbox="local", tools="core")

@@ -251,7 +251,7 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
         modes["default"]["used_expert_agreement"] = used["default"]
         modes["router_replay"]["used_expert_agreement"] = used["replay"]
     base = modes["default"]
-    for mode, r in modes.items():
+    for r in modes.values():
         r["engine_cost"] = 1 - r["engine_tokens_per_s"] / base["engine_tokens_per_s"]
         r["engine_cost_cpu"] = 1 - r["engine_tokens_per_cpu_s"] / base["engine_tokens_per_cpu_s"]
         r["trainer_cost"] = 1 - r["trainer_tokens_per_s"] / base["trainer_tokens_per_s"]

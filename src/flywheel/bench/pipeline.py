@@ -18,7 +18,9 @@ evaluation sampling), all on the same tasks and base; each pair is in `pairs`, a
 means of pass@1 and of the gap, the medians of the wall ratio and of the busy fraction, and, with two or
 more seeds, `passk_gap_se_seeds`: the standard error of the mean gap from its spread over the seeds. That
 is the figure to judge "within 3 points" by: a sync run is deterministic for a seed, so one pair compares
-one draw of training noise, which the per-task paired SE (evaluation noise only) does not see.
+one draw of training noise, which the per-task paired SE (evaluation noise only) does not see. Which mode runs
+first alternates from seed to seed (`pairs[i].order`), and sync mode requests only the groups its batch lacks
+(orchestrator/loop.py), so both modes generate what their trained groups need.
 """
 
 from __future__ import annotations
@@ -121,10 +123,13 @@ def run(args: argparse.Namespace) -> dict:
     runs = [("sync", "sync", "local"), ("async", "async", "local")]
     if args.backend == "ray":
         runs.append(("async_ray", "async", "ray"))
-    for seed in seeds or [None]:
-        pair: dict = {"seed": base_cfg.seed if seed is None else seed}
+    for i, seed in enumerate(seeds or [None]):
+        pair: dict = {"seed": base_cfg.seed if seed is None else seed, "order": []}
         per_task: dict[str, list[dict]] = {}
-        for name, mode, backend in runs:
+        # the modes alternate which runs first from one seed to the next: the first run of a pair warms the
+        # machine's caches and meets another load than the second, and neither mode should always get that
+        for name, mode, backend in (runs if i % 2 == 0 else [runs[1], runs[0], *runs[2:]]):
+            pair["order"].append(name)
             run_dir = root / (name if seed is None else f"{name}-seed{seed}")
             shutil.rmtree(run_dir, ignore_errors=True)
             cfg = _config(run_dir, mode, args.quick, backend, settings + ([] if seed is None else ["--seed", str(seed)]))

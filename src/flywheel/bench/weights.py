@@ -21,7 +21,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,10 +129,9 @@ def codec_bench(quick: bool) -> dict:
 
 def _worker(url: str, preset: str) -> None:
     """Subscriber process: a real model behind a Subscriber; prints one JSON line per installed version."""
+    from flywheel.inference.local import LocalEngine
     from flywheel.policy.model import build_model
     from flywheel.weights.sync import Subscriber
-
-    from flywheel.inference.local import LocalEngine
 
     torch.set_num_threads(1)
     model = build_model(ModelConfig(preset=preset, dtype="bfloat16"), vocab_size=2048)

@@ -27,10 +27,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from flywheel.config import load_config
-    from flywheel.tasks.loaders import load_tasks
     from flywheel.pipeline.evaluation import evaluate_model
     from flywheel.pipeline.job import Progress
     from flywheel.policy.tokenizer import load_tokenizer
+    from flywheel.tasks.loaders import load_tasks
 
     overrides = list(args.overrides) + ["--eval.num_samples", str(args.samples)]
     if args.temperature is not None:

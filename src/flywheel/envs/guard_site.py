@@ -2,7 +2,8 @@
 under test can read.
 
 Grading (envs/guard.py) writes this file as `sitecustomize.py` into a directory with a random name, next to a
-`guard.txt` holding a fresh key, a nonce and the module name (one per line), and puts that directory first on PYTHONPATH. Python imports
+`guard.txt` holding a fresh key, a nonce and the module name (one per line), and puts that directory first on
+PYTHONPATH. Python imports
 `sitecustomize` while it starts, before pytest or runtests.py and before any file of the workspace, so:
 
 1. the key is read and both files are deleted before code under test can exist (the key then lives only in a
@@ -20,10 +21,9 @@ Standard library only: it runs with the sandbox's Python, where flywheel is not 
 test process, which doubled what the guard cost a `runtests.py` grading).
 """
 
+import _blake2
 import os
 import sys
-
-import _blake2
 
 
 def _install() -> None:

@@ -11,7 +11,8 @@ A rejected update (wrong names, shapes or dtypes) raises ValueError and leaves t
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 from flywheel.types import Generation, SamplingParams
 
@@ -23,7 +24,7 @@ class Engine(Protocol):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
 
-    def update_weights(self, version: int, tensors: Mapping[str, "object"]) -> float:
+    def update_weights(self, version: int, tensors: Mapping[str, object]) -> float:
         """Install `tensors` (name -> torch.Tensor, the model's state-dict names) as `version`.
 
         Returns the pause in milliseconds (time decoding was held). Thread-safe."""

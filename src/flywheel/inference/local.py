@@ -28,15 +28,16 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from flywheel.numerics import qwen3
 from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token
+from flywheel.numerics import qwen3
 from flywheel.types import Generation, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from flywheel.numerics.qwen3 import Qwen3Runner, linear, mix_experts, rms_norm, supports
 from flywheel.numerics.attention import sequence_attention
+from flywheel.numerics.qwen3 import Qwen3Runner, linear, mix_experts, rms_norm, supports
 
 
 @dataclass

@@ -114,7 +114,7 @@ class LocalRollouts:
         except queue.Empty:
             dead = [p.name for p in self.procs if not p.is_alive()]
             if dead:
-                raise RuntimeError(f"inference node process(es) died: {dead}")
+                raise RuntimeError(f"inference node process(es) died: {dead}") from None
             return None
         if msg[0] == "error":
             raise RuntimeError(f"inference node {msg[1]} failed:\n{msg[2]}")

@@ -140,7 +140,6 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
              for n in range(cfg.orchestrator.num_engines)]
     source = build_rollouts(cfg, specs)
     log = MetricsLog(run_dir, tensorboard=cfg.metrics.tensorboard)
-    groups_per_batch = math.ceil(cfg.trainer.batch_size / cfg.rollout.group_size)
     outstanding = 0
     # paced async mode (orchestrator/pacing.py): group starts are granted so that production runs at most
     # `max_ahead_batches` batches ahead of the trainer
@@ -160,8 +159,11 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
             if pace:
                 num_granted += _grant(cfg, source, specs[0], num_granted, num_groups_received, buffer.num_groups)
             if sync and outstanding == 0 and len(buffer) < cfg.trainer.batch_size:
-                source.request(groups_per_batch, min_version=trainer.version)
-                outstanding = groups_per_batch
+                # only the groups the batch lacks: after a uniform group was dropped, a whole batch more would
+                # leave groups over, which go stale at the step and are dropped (sync generated more than async)
+                missing = math.ceil((cfg.trainer.batch_size - len(buffer)) / cfg.rollout.group_size)
+                source.request(missing, min_version=trainer.version)
+                outstanding = missing
             msg = source.get(timeout_s=0.5)
             if msg is not None and msg[0] == "group":
                 _, node_id, group, stats = msg

@@ -10,9 +10,9 @@ the base policy RL starts from; it is saved as a plain HF checkpoint.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from flywheel.config import FlywheelConfig
 from flywheel.types import Task

@@ -18,8 +18,8 @@ from flywheel.types import Task
 
 
 def _load_or_synth(path: str, out: Path, n: int, split: str, cfg: FlywheelConfig, seed: int) -> list[Task]:
-    from flywheel.tasks.synth import generate_tasks
     from flywheel.tasks.loaders import load_tasks, save_tasks
+    from flywheel.tasks.synth import generate_tasks
 
     if path:
         loaded = load_tasks(path)

@@ -26,7 +26,7 @@ statement, which is what held-out tasks need.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from flywheel.config import MidtrainConfig
 from flywheel.types import Message, Task, ToolCall
@@ -131,8 +131,8 @@ def random_edit(rng: random.Random) -> tuple[str, str]:
 def copy_episode(rng: random.Random) -> list[Message]:
     """A random easy-style statement and the turns that answer it: view the file, the edit (after a view of a
     made-up function holding the old text, or straight away)."""
-    from flywheel.tasks.synth import easy_statement
     from flywheel.envs.tools import number_lines
+    from flywheel.tasks.synth import easy_statement
 
     path = f"{rng.choice(_FILES)}{rng.choice(['', '_', ''])}{rng.choice(['', str(rng.randint(1, 9))])}.py"
     old, new = random_edit(rng)
@@ -156,8 +156,8 @@ def copy_episode(rng: random.Random) -> list[Message]:
 def fix_turns(task: Task) -> list[Message] | None:
     """The known fix of `task` as a session: the statement, the view, the real file, then the edits; None when
     the fix is not a view of a workspace file followed by edits. Drills and the copy probe use it."""
-    from flywheel.tasks.synth import oracle_actions
     from flywheel.envs.tools import number_lines
+    from flywheel.tasks.synth import oracle_actions
 
     calls = [c for c in oracle_actions(task) if c.arguments]
     view = next((c for c in calls if c.name == "view"), None)

@@ -224,7 +224,7 @@ def _chat_documents(budget: int, snippets: list[str]) -> Iterator[str]:
         name, path = rng.choice(names), f"src/{rng.choice(['app', 'lib', 'utils', 'core'])}/{rng.choice(names)}.py"
         fmt = dict(path=path, name=name)
 
-        def say(i: int) -> str:
+        def say(i: int, fmt: dict = fmt) -> str:
             return _THOUGHTS[i].format(**fmt)
 
         old = rng.choice(chunk.splitlines() or ["pass"])

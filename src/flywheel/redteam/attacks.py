@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flywheel.tasks.loaders import original_file
 from flywheel.redteam.targets import Target
+from flywheel.tasks.loaders import original_file
 from flywheel.types import ToolCall
 
 ALL = ("synthetic", "humaneval", "swebench")

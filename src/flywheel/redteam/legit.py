@@ -16,9 +16,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 
-from flywheel.tasks.loaders import original_file
 from flywheel.redteam.attacks import bash, write
 from flywheel.redteam.targets import Target
+from flywheel.tasks.loaders import original_file
 from flywheel.types import ToolCall
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
-from flywheel.tasks.synth import generate_tasks
 from flywheel.tasks.loaders import load_tasks, parse_humaneval
+from flywheel.tasks.synth import generate_tasks
 from flywheel.types import Task
 
 KINDS = ("synthetic", "humaneval", "swebench")

@@ -13,9 +13,9 @@ Sessions that failed outside the policy are excluded from n and counted.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import comb, sqrt
-from typing import Callable
 
 from flywheel.types import Task, Trajectory
 

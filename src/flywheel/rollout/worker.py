@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from flywheel.config import RolloutConfig
 from flywheel.rollout.agent import EnvironmentFailure, run_session

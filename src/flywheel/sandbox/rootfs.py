@@ -374,7 +374,7 @@ def bwrap_system_args(bwrap: str, tmp_root: str, tmp_bytes: int,
     roots = python_roots
     in_tmp = [r for r in roots if r == "/tmp" or r.startswith("/tmp/")]
     prepared = prepared_root(tmp_root, tuple(r for r in roots if r not in in_tmp))
-    if prepared is not None:  # one bind for the whole system view 
+    if prepared is not None:  # one bind for the whole system view
         # --dev-bind keeps the device nodes usable; every mount in it is read-only on the host already
         a += ["--dev-bind", prepared, "/", "--proc", "/proc"]
         a += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]

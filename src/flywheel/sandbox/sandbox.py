@@ -79,12 +79,25 @@ from typing import TYPE_CHECKING, Protocol
 from flywheel.sandbox import netns
 from flywheel.sandbox.direct_exec import direct_argv
 from flywheel.sandbox.host import (
-    KINDS, UIDS, bwrap_available, default_path, is_root, kill_uid, memfd, python_roots, read_capped,
+    KINDS,
+    UIDS,
+    bwrap_available,
+    default_path,
+    is_root,
+    kill_uid,
+    memfd,
+    python_roots,
+    read_capped,
     resolve_kind,
 )
 from flywheel.sandbox.rootfs import EXEC_PATH, bwrap_system_args, reap_stale
 from flywheel.sandbox.workspace import (
-    Workspace, close_in_background, default_tmp_root, flush_closed, materialize_base, workspace_mode,
+    Workspace,
+    close_in_background,
+    default_tmp_root,
+    flush_closed,
+    materialize_base,
+    workspace_mode,
 )
 
 if TYPE_CHECKING:
@@ -253,7 +266,7 @@ class _BaseSandbox(abc.ABC):
         if self.uid is not None:
             kill_uid(self.uid)
 
-    def _after_timeout(self, info_r: int) -> None:
+    def _after_timeout(self, info_r: int) -> None:  # noqa: B027 - a hook: the local kind needs nothing more
         """Make sure nothing of a killed command is left (`info_r`: bwrap's info pipe, or -1)."""
 
     def run(self, command: str, timeout_s: float | None = None, stdin: str | None = None,

@@ -169,8 +169,8 @@ def materialize_base(files: dict[str, str], dest: Path | None = None) -> Path:
 class Workspace:
     """A private writable view of a base: `path` is the live directory; `close()` removes it.
 
-    `root` is the session's private directory (mode 0710, group = the sandbox uid's gid) holding upper/, work/, the mount point ws/
-    and whatever the sandbox keeps beside the workspace (`scratch(name)`).
+    `root` is the session's private directory (mode 0710, group = the sandbox uid's gid) holding upper/, work/, the
+    mount point ws/ and whatever the sandbox keeps beside the workspace (`scratch(name)`).
     """
 
     def __init__(self, base: Path, owner_uid: int | None = None, tmp_root: str | None = None,

@@ -23,7 +23,7 @@ and -4 (docs/benchmarks.md).
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 

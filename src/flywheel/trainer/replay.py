@@ -24,9 +24,9 @@ tokens, padding) use the model's own top-k.
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F

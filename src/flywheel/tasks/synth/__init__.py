@@ -6,7 +6,12 @@
 
 from flywheel.tasks.loaders import RUNNER_FILE
 from flywheel.tasks.synth.generate import (
-    RUNNERS, easy_statement, generate_tasks, minimal_edit, with_runner, write_tasks,
+    RUNNERS,
+    easy_statement,
+    generate_tasks,
+    minimal_edit,
+    with_runner,
+    write_tasks,
 )
 from flywheel.tasks.synth.mutations import instantiate, mutate, mutation_sites
 from flywheel.tasks.synth.oracle import oracle_actions, task_summary

@@ -40,10 +40,17 @@ from typing import Any
 from flywheel.tasks.loaders import RUNNER_FILE, runner_source
 from flywheel.tasks.synth.mutations import instantiate, mutate, mutation_sites
 from flywheel.tasks.synth.templates import (
-    DIFFICULTIES, MODULE_NAMES, NUM_HIDDEN_CASES, NUM_VISIBLE_CASES, Split, Template, templates_for,
+    DIFFICULTIES,
+    MODULE_NAMES,
+    NUM_HIDDEN_CASES,
+    NUM_VISIBLE_CASES,
+    Split,
+    Template,
+    templates_for,
 )
 from flywheel.tasks.synth.verify import call_in_module, run_tests_inprocess
 from flywheel.types import Task
+
 
 def _call_text(name: str, args: tuple) -> str:
     return f"{name}({', '.join(repr(a) for a in args)})"

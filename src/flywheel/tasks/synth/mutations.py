@@ -15,8 +15,15 @@ import random
 from typing import Any
 
 from flywheel.tasks.synth.templates import (
-    ACC_NAMES, ELEM_NAMES, LIST_NAMES, LOOP_NAMES, NUM_NAMES, STR_NAMES, Template,
+    ACC_NAMES,
+    ELEM_NAMES,
+    LIST_NAMES,
+    LOOP_NAMES,
+    NUM_NAMES,
+    STR_NAMES,
+    Template,
 )
+
 
 def instantiate(t: Template, r: random.Random) -> tuple[str, str]:
     """(function name, normalised source) with randomised names and constants."""

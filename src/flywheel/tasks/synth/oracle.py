@@ -14,6 +14,7 @@ from typing import Any
 
 from flywheel.types import Task, ToolCall
 
+
 def _unique_replacement(current: str, target: str) -> tuple[str, str] | None:
     """(old, new) such that replacing the single occurrence of `old` in `current` yields `target`."""
     a, b = current.splitlines(keepends=True), target.splitlines(keepends=True)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-
 Split = Literal["train", "heldout"]
 DIFFICULTIES = ("easy", "medium", "hard")
 MUTATIONS = ("operator", "off_by_one", "constant", "swap_args", "missing_branch")

@@ -13,7 +13,6 @@ import threading
 import types
 from typing import Any
 
-
 _EXEC_LOCK = threading.Lock()
 
 
