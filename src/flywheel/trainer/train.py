@@ -28,6 +28,12 @@ its state to `save_checkpoint` (orchestrator/loop.py does that).
 Batch-invariant mode (`batch_invariant=True`, numerics.batch_invariant): log-probs come from the engine's
 native math (numerics/batch_invariant.py), bit-identical to the engine's; see docs/numerics.md.
 
+Sharded (`group=RankGroup`, trainer/distributed.py; the model already FSDP2-wrapped): every rank is given the
+whole batch and computes the same rows, advantages and micro-batches; the micro-batches are dealt to ranks by
+tokens, each rank recomputes the old log-probs of its own and a sum over ranks fills in the rest, so correction
+weights and denominators are global as above; gradients are summed over ranks by FSDP's reduce-scatter.
+Checkpoints are then sharded (trainer/sharded_checkpoint.py, torch.distributed.checkpoint).
+
 Routed experts: `Segment.routed_experts[i]` is taken as the routing of the forward that produced token
 i, i.e. of input position i-1 (what an engine records at the decode step that samples token i); it is
 replayed at that position. Positions without a record use the trainer's own routing.
@@ -42,13 +48,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from flywheel.config import TrainerConfig
 from flywheel.numerics.batch_invariant import BatchInvariantForward, check_model
 from flywheel.policy.logprobs import logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
+from flywheel.trainer import sharded_checkpoint as sckpt
 from flywheel.trainer.advantages import compute_advantages, weight_negatives
+from flywheel.trainer.distributed import RankGroup, assign_micro_batches, loss_scale
 from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.trainer.replay import moe_routers, router_replay
@@ -122,7 +131,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, run_dir: Path | None = None, ref_model=None, *,
                  extra_state_fn: Callable[[], dict[str, Any]] | None = None, pad_token_id: int = 0,
-                 temperature: float = 1.0, batch_invariant: bool = False):
+                 temperature: float = 1.0, batch_invariant: bool = False, group: RankGroup | None = None):
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("trainer.kl_coef > 0 needs a reference model (ref_model=...); or set kl_coef = 0")
         self.model = model
@@ -132,6 +141,7 @@ class Trainer:
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.extra_state_fn = extra_state_fn
+        self.group = group  # None: one process; else a sharded rank (model wrapped by distributed.shard_model)
         self.pad_token_id = pad_token_id
         self.temperature = temperature  # the sampler's: log-probs must be of the same distribution
         # numerics.batch_invariant: score with the engine's native math (bit-identical log-probs)
@@ -141,6 +151,9 @@ class Trainer:
             if cfg.dtype != "float32":
                 raise ValueError("numerics.batch_invariant computes in float32 like the engine; set trainer.dtype = "
                                  "'float32' or numerics.batch_invariant = false")
+            if group is not None:
+                raise ValueError("numerics.batch_invariant reads whole weight tensors, which a sharded trainer never "
+                                 "holds; set numerics.batch_invariant = false or trainer.world_size = 1")
             for m in (model, ref_model):
                 if m is not None:
                     check_model(m)
@@ -157,7 +170,9 @@ class Trainer:
     # ------------------------------------------------------------------ forward helpers
 
     def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bfloat16")
+        # sharded: FSDP's MixedPrecisionPolicy casts the parameters instead (distributed.shard_model)
+        on = self.cfg.dtype == "bfloat16" and self.group is None
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on)
 
     def _collate(self, rows: list[Row]) -> dict[str, torch.Tensor]:
         t = max(len(r.input_ids) for r in rows)
@@ -203,13 +218,22 @@ class Trainer:
             out[b, :len(r)] = torch.as_tensor(r, dtype=torch.float32)
         return out
 
+    def _filler(self) -> dict[str, torch.Tensor]:
+        """A two-token micro-batch run with zero weight by a rank that has fewer micro-batches than another: every
+        FSDP forward and backward is a collective, so all ranks must run as many."""
+        return self._collate([Row(0, [self.pad_token_id] * 2, [0], [0.0], None)])
+
     def _update(self, groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv) -> tuple[dict[str, float], float]:
-        """One optimizer step: forward/backward per micro-batch (gradients accumulate), clip, step."""
+        """One optimizer step: forward/backward per micro-batch (gradients accumulate), clip, step. `groups` and
+        `micro` are this rank's; a None group is a filler."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0}
         for g, mb in zip(groups, micro):
             lp, _ = self._logprobs(self.model, mb, replay=True)
+            if g is None:
+                (lp.sum() * 0.0).backward()  # exact zero gradients; the collectives still run
+                continue
             tt = lp.shape[1]
             dev = lambda x: x[g, :tt].to(self.device)  # noqa: E731
             loss, m = policy_loss(
@@ -217,7 +241,7 @@ class Trainer:
                 clip_eps_low=self.cfg.clip_eps_low, clip_eps_high=self.cfg.clip_eps_high,
                 ref_logprobs=dev(ref) if ref is not None else None, kl_coef=self.cfg.kl_coef,
                 is_weights=dev(is_w), row_weights=row_w[g].to(self.device))
-            loss.backward()
+            (loss * loss_scale(self.group)).backward()  # FSDP averages over ranks; the loss needs their sum
             n = m["num_tokens"]
             sums["loss"] += m["loss"]
             sums["pg_loss"] += m["pg_loss"]
@@ -225,8 +249,13 @@ class Trainer:
             sums["clip"] += m["clip_frac"] * n
             sums["ratio"] += m["ratio_mean"] * n
         self.model.eval()
+        if self.group is not None:
+            keys = list(sums)
+            total = self.group.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+            sums = dict(zip(keys, total.tolist()))
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # DTensor grads: a norm over all shards
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return sums, grad_norm
@@ -251,8 +280,15 @@ class Trainer:
         rewards = [t.reward.value for t in good]
         advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
         advantages = weight_negatives(advantages, self.cfg.negative_weight)
-        groups = pack_micro_batches([len(r.input_ids) for r in rows], self.cfg.micro_batch_tokens)
-        micro = [self._collate([rows[i] for i in g]) for g in groups]
+        all_groups = pack_micro_batches([len(r.input_ids) for r in rows], self.cfg.micro_batch_tokens)
+        # this rank's micro-batches (all of them on one process), then fillers up to the busiest rank's count
+        groups: list[list[int] | None] = list(all_groups)
+        if self.group is not None:
+            dealt = assign_micro_batches([len(g) * len(rows[g[0]].input_ids) for g in all_groups],
+                                         self.group.world_size)
+            groups = [all_groups[i] for i in dealt[self.group.rank]]
+            groups += [None] * (max(map(len, dealt)) - len(groups))
+        micro = [self._collate([rows[i] for i in g]) if g is not None else self._filler() for g in groups]
 
         # 1. old (and reference) log-probs under the current weights, no grad
         t_max = max(len(r.mask) for r in rows)
@@ -264,6 +300,10 @@ class Trainer:
         with torch.no_grad():
             for g, mb in zip(groups, micro):
                 lp, st = self._logprobs(self.model, mb, replay=True, measure=True)
+                if g is None:
+                    if ref is not None:
+                        self._logprobs(self.ref_model, mb, replay=False)
+                    continue
                 if st.layer_replayed:
                     layer_agree = [a + b for a, b in zip(st.layer_agree, layer_agree or [0] * len(st.layer_agree))]
                     layer_replayed = [a + b for a, b in
@@ -271,6 +311,15 @@ class Trainer:
                 old[g, :lp.shape[1]] = lp.cpu()
                 if ref is not None:
                     ref[g, :lp.shape[1]] = self._logprobs(self.ref_model, mb, replay=False)[0].cpu()
+        if self.group is not None:  # each rank filled its own rows; the others are 0, so a sum completes them
+            self.group.all_reduce_sum(old)
+            if ref is not None:
+                self.group.all_reduce_sum(ref)
+            if self._moe_shape is not None:
+                n = self._moe_shape[0]
+                agree = torch.tensor((layer_agree or [0] * n) + (layer_replayed or [0] * n), dtype=torch.long)
+                agree = self.group.all_reduce_sum(agree).tolist()
+                layer_agree, layer_replayed = agree[:n], agree[n:]
         mask = self._pad([r.mask for r in rows], t_max).bool()
         sampler = self._pad([r.sampler_logprobs for r in rows], t_max)
         seq_ids = torch.tensor([r.seq for r in rows])
@@ -305,7 +354,7 @@ class Trainer:
             "reward_mean": float(torch.tensor(rewards).float().mean()),
             "advantage_abs_mean": float(advantages.abs().mean()),
             "num_trajectories": float(len(good)), "num_skipped": float(num_skipped),
-            "num_rows": float(len(rows)), "num_micro_batches": float(len(groups)),
+            "num_rows": float(len(rows)), "num_micro_batches": float(len(all_groups)),
             "num_tokens": float(num_tokens), "num_loss_tokens": float(int(mask.sum())),
             "update_epochs": float(self.cfg.update_epochs),
             "staleness_mean": float(sum(staleness) / len(staleness)) if staleness else 0.0,
@@ -342,10 +391,19 @@ class Trainer:
         return self.run_dir / "checkpoints"
 
     def save_checkpoint(self, extra_state: dict[str, Any] | None = None) -> Path:
-        """Write model, optimizer, RNG and `extra_state` (JSON) atomically; returns the checkpoint dir."""
+        """Write model, optimizer, RNG and `extra_state` (JSON) atomically; returns the checkpoint dir.
+        Sharded: a collective, every rank calls it (`extra_state` is rank 0's) and writes its own shards."""
+        trainer_state = {"cfg": self.cfg.model_dump(mode="json")}
+        if self.group is not None:
+            path = sckpt.write_sharded(self.checkpoint_dir, self.version, self.model, self.optimizer, self.group,
+                                       trainer_state, extra_state)
+            if self.group.is_main:
+                ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
+            self.group.barrier()
+            return path
         path = ckpt.write_checkpoint(self.checkpoint_dir, self.version, self.state_dict_for_publish(),
                                      self.optimizer.state_dict(),
-                                     trainer_state={"cfg": self.cfg.model_dump(mode="json")}, extra_state=extra_state)
+                                     trainer_state=trainer_state, extra_state=extra_state)
         ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
         return path
 
@@ -354,6 +412,13 @@ class Trainer:
         path = Path(path) if path is not None else ckpt.latest_checkpoint(self.checkpoint_dir)
         if path is None:
             raise ValueError(f"no checkpoint under '{self.checkpoint_dir}'; train first or start a fresh run")
+        if sckpt.is_sharded(path):  # saved by a sharded trainer, at this or any other world size
+            state = sckpt.read_sharded(path, self.model, self.optimizer, self.group)
+            self.version = int(state["version"])
+            return state["extra"]
+        if self.group is not None:
+            raise ValueError(f"'{path}' is a single-process checkpoint; a sharded trainer loads only sharded (DCP) "
+                             "ones: resume this run with trainer.world_size = 1")
         state = ckpt.read_checkpoint(path)
         fit = "; build the model with the run's config"
         try:

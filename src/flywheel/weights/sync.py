@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,13 +32,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from flywheel.weights.codec import CodecError
+from flywheel.weights.codec import CodecError, chunk_num_changed
 from flywheel.weights.store import MANIFEST_FORMAT, StoreError, WeightStore, chunk_id
-from flywheel.weights.tensors import (bits_hash, decode_tensor, dtype_name, encode_tensor, from_bits,
-                                      to_bits)
+from flywheel.weights.tensors import (decode_tensor, dtype_name, encode_tensor, from_bits, manifest_hash,
+                                      tensor_hash, to_bits)
 
 log = logging.getLogger(__name__)
-_NUM_CHANGED = struct.Struct("<4sBBBBQQ")
 
 
 class IntegrityError(ValueError):
@@ -140,7 +138,7 @@ class Publisher:
         raw_bytes = delta_bytes = full_bytes = num_changed = 0
         for name, (bits, dt, shape) in snap.items():
             chunk_elems = max(1, self.chunk_bytes // bits.dtype.itemsize)
-            entry: dict[str, Any] = {"dtype": dt, "shape": list(shape), "hash": bits_hash(bits),
+            entry: dict[str, Any] = {"dtype": dt, "shape": list(shape), "hash": tensor_hash(bits, chunk_elems),
                                      "chunk_elems": chunk_elems, "full": None, "delta": None}
             raw_bytes += bits.nbytes
             if anchor:
@@ -152,7 +150,7 @@ class Publisher:
                 parts = encode_tensor(bits, prev[name][0], self.chunk_bytes, self.zstd_level, self._pool)
                 entry["delta"] = [[chunk_id(b), len(b)] for b in parts]
                 delta_bytes += sum(len(b) for b in parts)
-                num_changed += sum(_NUM_CHANGED.unpack_from(b, 0)[-1] for b in parts)
+                num_changed += sum(chunk_num_changed(b) for b in parts)
                 blobs += parts
             tensors[name] = entry
         encode_ms = (time.perf_counter() - t0) * 1e3
@@ -306,7 +304,8 @@ class Subscriber:
                 new[name] = (decode_tensor(blobs, old, n, size, t["chunk_elems"], self._decode), dt, shape)
             state = new
         final = steps[-1][0]
-        hashes = self._decode.map(lambda item: bits_hash(item[1][0]), state.items())
+        fmt = final["format"]
+        hashes = self._decode.map(lambda item: manifest_hash(item[1][0], final["tensors"][item[0]], fmt), state.items())
         bad = [name for name, h in zip(state, hashes) if h != final["tensors"][name]["hash"]]
         if bad:
             raise IntegrityError(f"version {final['version']}: {len(bad)} tensors fail their sha256 ({bad[:3]})")
