@@ -57,7 +57,7 @@ from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
 from flywheel.trainer import sharded_checkpoint as sckpt
 from flywheel.trainer.advantages import compute_advantages, weight_negatives
-from flywheel.trainer.distributed import RankGroup, assign_micro_batches, loss_scale
+from flywheel.trainer.distributed import RankGroup, assign_micro_batches, local_state_bytes, loss_scale
 from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.trainer.replay import moe_routers, router_replay
@@ -162,6 +162,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
         self.version = 0
+        self.state_bytes: dict[str, int] = {}
         self._moe_shape = None
         if is_moe(model):  # sampler routing is collated for replay and for the agreement metric
             routers = moe_routers(model)
@@ -257,6 +258,8 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # DTensor grads: a norm over all shards
         grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         self.optimizer.step()
+        # this rank's parameter, gradient and optimizer bytes at their peak (gradients still held); bench trainer
+        self.state_bytes = local_state_bytes(self.model, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return sums, grad_norm
 

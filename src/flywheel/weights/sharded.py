@@ -11,8 +11,9 @@ tests compare the two manifests entry for entry (`test_sharded_publish.py`). Sub
 How. A tensor's chunks are fixed ranges of `chunk_elems` elements over its flattened bits, whatever the world
 size. An FSDP2 shard (`Shard(0)`) is a contiguous range of rows, so a contiguous range of those elements. A chunk
 that lies inside one rank's range is encoded by that rank; one that straddles a shard boundary is encoded by the
-rank holding its first element, which receives the missing elements (less than one chunk per boundary) from its
-neighbours in one point-to-point exchange. Every rank keeps the bits of the chunks it owns for the next delta,
+rank holding most of it, which receives the missing elements (less than one chunk per boundary) from its
+neighbours in one point-to-point exchange. A tensor smaller than a chunk is split by FSDP too; those go to the
+ranks round-robin, so each rank receives about 1/world_size of such tensors, never the model. Every rank keeps the bits of the chunks it owns for the next delta,
 writes its chunks to the store itself (object stores take parallel uploads), and sends rank 0 only chunk ids,
 sizes and per-chunk sha256 digests: the tensor hash of manifest format 2 is a hash over those digests
 (weights/tensors.py), so no rank ever holds a whole tensor, let alone the model. Rank 0 writes the manifest after
@@ -88,17 +89,15 @@ def _local_range(t: torch.Tensor, numel: int) -> tuple[torch.Tensor, tuple[int, 
     return t, (0, numel)
 
 
-def _plan(ranges: list[tuple[int, int]], chunks: list[tuple[int, int]]) -> list[int]:
-    """Owner per chunk: a rank holding all of it (round-robin among several), else the one holding its start."""
+def _plan(ranges: list[tuple[int, int]], chunks: list[tuple[int, int]], salt: int) -> list[int]:
+    """Owner per chunk: the rank holding most of it; ties (a replicated tensor, a small tensor split evenly) go
+    round-robin over the tied ranks by `salt + chunk index`, so small tensors spread over the ranks too."""
     owners = []
     for i, (a, b) in enumerate(chunks):
-        holders = [r for r, (s, e) in enumerate(ranges) if s <= a and b <= e]
-        if holders:
-            owners.append(holders[i % len(holders)])
-            continue
-        starts = [r for r, (s, e) in enumerate(ranges) if s <= a < e]
-        assert starts, f"chunk [{a}, {b}) is held by no rank: {ranges}"
-        owners.append(starts[0])
+        overlap = [max(0, min(b, e) - max(a, s)) for s, e in ranges]
+        best = max(overlap)
+        tied = [r for r, n in enumerate(overlap) if n == best]
+        owners.append(tied[(salt + i) % len(tied)])
     return owners
 
 
@@ -153,13 +152,13 @@ class ShardedPublisher:
     def _layout(self, snap) -> dict[str, _Layout]:
         ranges = self.group.all_gather_objects({k: v[3] for k, v in snap.items()})
         out = {}
-        for name, (bits, dt, shape, _) in snap.items():
+        for ordinal, (name, (bits, dt, shape, _)) in enumerate(snap.items()):
             n = int(np.prod(shape, dtype=np.int64))
             size = bits.dtype.itemsize
             chunk_elems = max(1, self.chunk_bytes // size)
             chunks = chunk_ranges(n, size, self.chunk_bytes)
             per_rank = [r[name] for r in ranges]
-            out[name] = _Layout(dt, shape, size, chunk_elems, per_rank, _plan(per_rank, chunks), chunks)
+            out[name] = _Layout(dt, shape, size, chunk_elems, per_rank, _plan(per_rank, chunks, ordinal), chunks)
         return out
 
     def _exchange(self, snap, layouts: dict[str, _Layout]) -> tuple[dict[tuple[str, int], np.ndarray], int]:
