@@ -5,7 +5,8 @@
 
 `train`: FSDP2 on the tiny model, three steps on the batches of `batches()`, a sharded checkpoint after step 2,
 a sharded publish of every version; rank 0 writes the metrics and the full weights after every step (gathered
-for the test's comparison only). `resume`: a fresh group loads the step-2 checkpoint and takes step 3 again.
+for the test's comparison only). `resume`: a fresh group loads the step-2 checkpoint and takes step 3 again, then
+one step of the tiny MoE with the sampler's routing replayed (`moe_batch()`).
 """
 
 import json
@@ -19,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.policy.model import build_model
 from flywheel.trainer.distributed import close_group, init_group, local_state_bytes, shard_model
+from flywheel.trainer.replay import record_routing
 from flywheel.trainer.train import Trainer
 from flywheel.types import Reward, Segment, Trajectory
 from flywheel.weights.sharded import ShardedPublisher
@@ -59,6 +61,28 @@ def batches() -> list[list[Trajectory]]:
     return out
 
 
+def moe_model():
+    return build_model(ModelConfig(preset="tiny-moe", num_layers=2, seed=5), vocab_size=VOCAB)
+
+
+def moe_batch() -> list[Trajectory]:
+    """The first batch with routed experts: the routing a (slightly perturbed) sampler chose, so the replay
+    overrides some of the trainer's own top-k."""
+    sampler = moe_model()
+    with torch.no_grad():
+        for p in sampler.parameters():
+            p.add_(0.002 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    out = []
+    for traj in batches()[0]:
+        seg = traj.segments[0]
+        with torch.no_grad(), record_routing(sampler) as rec:
+            sampler(torch.tensor([seg.token_ids]))
+        e = rec.experts()
+        seg.routed_experts = [[] if not m or i == 0 else e[i - 1].tolist() for i, m in enumerate(seg.loss_mask)]
+        out.append(traj)
+    return out
+
+
 def full_weights(m) -> dict:
     sd = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.clone().contiguous() for k, v in sd.items()}
@@ -89,6 +113,14 @@ def main(phase: str, out: Path) -> None:
                         "state_bytes": local_state_bytes(m, trainer.optimizer)})
         if phase == "train" and trainer.version == 2:
             trainer.save_checkpoint({"admitted": ["s0g0", "s1g1"], "data_position": 2})
+    if phase == "resume":  # router replay, sharded: one step of the MoE on 2 micro-batches (one per rank)
+        moe = shard_model(moe_model(), group, cfg)
+        moe_trainer = Trainer(moe, trainer_config(2, 1), group=group)
+        metrics = moe_trainer.step(moe_batch())
+        full = full_weights(moe)
+        if group.is_main:
+            save_file(full, out / "moe_weights_1.safetensors")
+        records.append({"version": 1, "metrics": metrics, "moe": True})
     every = group.all_gather_objects(records)
     if group.is_main:
         (out / f"{phase}.json").write_text(json.dumps(every))

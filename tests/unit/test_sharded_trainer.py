@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sharded_ranks import CHUNK_MB, batches, model, trainer_config  # noqa: E402
+from sharded_ranks import CHUNK_MB, batches, model, moe_batch, moe_model, trainer_config  # noqa: E402
 
 from flywheel.trainer.distributed import assign_micro_batches  # noqa: E402
 from flywheel.trainer.sharded_checkpoint import is_sharded  # noqa: E402
@@ -90,6 +90,19 @@ def test_two_ranks_step_like_one_process(runs):
     assert two[0][1]["metrics"]["num_micro_batches"] == 3.0  # odd: rank 1 ran a zero-weight filler
 
 
+def test_router_replay_sharded_matches_one_process(runs):
+    """tiny-moe, the sampler's routing replayed: agreement and weights after a step as in one process."""
+    single = Trainer(moe_model(), trainer_config(1, 1))
+    m1 = single.step(moe_batch())
+    m2 = records(runs, "resume")[0][-1]["metrics"]
+    assert 0.5 < m1["router_agreement"] < 1.0  # the replay overrides some of the trainer's own choices
+    assert m2["router_agreement"] == m1["router_agreement"]
+    assert m2["num_micro_batches"] == 2.0 and m2["loss"] == pytest.approx(m1["loss"], rel=1e-6)
+    w2 = load_file(runs / "moe_weights_1.safetensors")
+    w1 = single.model.state_dict()
+    assert all(torch.equal(w1[k], w2[k]) for k in w2)
+
+
 def test_each_rank_holds_half_of_the_state(runs):
     r0, r1 = (r[0]["state_bytes"] for r in records(runs, "train"))
     whole = sum(p.numel() * 4 for p in {id(p): p for p in model().parameters()}.values())
@@ -107,6 +120,7 @@ def test_resume_from_a_sharded_checkpoint_is_bitwise(runs):
     straight = load_file(runs / "train_weights_3.safetensors")
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
     assert records(runs, "resume")[0][0]["metrics"]["loss"] == records(runs, "train")[0][2]["metrics"]["loss"]
+    assert records(runs, "resume")[0][0]["version"] == 3
 
 
 def test_a_two_rank_checkpoint_loads_into_one_process(runs, tmp_path):
