@@ -449,6 +449,10 @@ def reference_markdown() -> str:
             default = f.default if f.default_factory is None else f.default_factory()
             lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
         lines.append("")
+        if title != "(top level)":  # nested sections (trainer.mesh) follow their parent
+            for name, f in model.model_fields.items():
+                if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                    section(f"{title}.{name}", f.annotation)
 
     section("(top level)", FlywheelConfig)
     for name, f in FlywheelConfig.model_fields.items():
