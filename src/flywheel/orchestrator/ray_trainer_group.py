@@ -8,7 +8,7 @@ node and every actor joins the process group there, then builds its `TrainerServ
 calls each method on every actor at once (they are collectives) and keeps rank 0's answer. When an actor dies,
 `ray.wait` hands back its `RayActorError` while the others may still be blocked in a collective: the handle
 kills every actor and the placement group at once and starts a fresh group that resumes from the newest
-checkpoint (trainer_group._GroupHandle). `RankActor` is a plain class; `ray.remote` is applied here only.
+checkpoint (trainer_group.GroupHandle). `RankActor` is a plain class; `ray.remote` is applied here only.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.config import FlywheelConfig
-from flywheel.orchestrator.ray import _ray, init_ray
-from flywheel.orchestrator.trainer_group import GroupFailed, _GroupHandle, _run
+from flywheel.orchestrator.ray import init_ray
+from flywheel.orchestrator.trainer_group import GroupFailed, GroupHandle, run_method
 from flywheel.orchestrator.trainer_service import TrainerService
 
 
@@ -32,7 +32,9 @@ class RankActor:
 
     def rendezvous(self) -> str:
         """A TCP init_method on this actor's node (rank 0's): a port free now."""
-        host = _ray().util.get_node_ip_address()
+        import ray  # inside the actor, where Ray is running (as RelayActor does)
+
+        host = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
@@ -49,14 +51,14 @@ class RankActor:
 
     def call(self, method: str, args: tuple) -> tuple[str, Any]:
         assert self.service is not None, "RankActor.start must run first"
-        return _run(self.service, method, args)
+        return run_method(self.service, method, args)
 
 
-class RayTrainerGroup(_GroupHandle):
+class RayTrainerGroup(GroupHandle):
     """The Ray backend's handle on a sharded trainer group; see the module docstring."""
 
     def _start(self, resume: bool, restarted: bool) -> None:
-        ray = init_ray(self.cfg)
+        ray = self.ray = init_ray(self.cfg)
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -82,7 +84,7 @@ class RayTrainerGroup(_GroupHandle):
 
     def _wait(self, refs: list) -> list:
         """Every result, or GroupFailed as soon as one actor is found dead."""
-        ray = _ray()
+        ray = self.ray
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
@@ -96,7 +98,7 @@ class RayTrainerGroup(_GroupHandle):
         return self._wait([a.call.remote(method, args) for a in self.actors])[0]
 
     def _stop(self) -> None:
-        ray = _ray()
+        ray = self.ray
         for a in getattr(self, "actors", []):
             ray.kill(a, no_restart=True)
         self.actors = []
@@ -106,4 +108,4 @@ class RayTrainerGroup(_GroupHandle):
 
     def kill_rank(self, rank: int) -> None:
         """Fault injection for tests: end one rank's actor as a crash would."""
-        _ray().kill(self.actors[rank], no_restart=True)
+        self.ray.kill(self.actors[rank], no_restart=True)

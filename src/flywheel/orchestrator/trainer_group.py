@@ -45,7 +45,7 @@ METHODS = ("info", "step", "publish", "publisher_metrics", "flush", "save_checkp
 AUTHKEY_ENV = "FLYWHEEL_TRAINER_AUTHKEY"
 
 
-def _run(service: TrainerService, method: str, args: tuple) -> tuple[str, Any]:
+def run_method(service: TrainerService, method: str, args: tuple) -> tuple[str, Any]:
     if method not in METHODS:
         return "error", f"unknown trainer method '{method}'"
     try:
@@ -70,7 +70,7 @@ def serve_rank(argv: list[str] | None = None) -> None:
     if not group.is_main:
         while True:
             method, args = group.broadcast_object()
-            _run(service, method, args)
+            run_method(service, method, args)
             if method == "close":
                 return
     listener = Listener(("127.0.0.1", 0), authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
@@ -84,7 +84,7 @@ def serve_rank(argv: list[str] | None = None) -> None:
         except EOFError:  # the handle went away: close the group cleanly
             method, args = "close", ()
         group.broadcast_object((method, args))
-        reply = _run(service, method, args)
+        reply = run_method(service, method, args)
         if method == "close":
             try:
                 conn.send(reply)
@@ -94,7 +94,7 @@ def serve_rank(argv: list[str] | None = None) -> None:
         conn.send(reply)
 
 
-class _GroupHandle:
+class GroupHandle:
     """What both launchers share: the loop's interface, call retry after a group failure, restart accounting."""
 
     def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool):
@@ -170,7 +170,7 @@ class GroupFailed(RuntimeError):
     """A rank of the trainer group died (or the group stopped answering)."""
 
 
-class TorchrunTrainer(_GroupHandle):
+class TorchrunTrainer(GroupHandle):
     """The local backend's handle on a torchrun-launched group; see the module docstring."""
 
     def _start(self, resume: bool, restarted: bool) -> None:
