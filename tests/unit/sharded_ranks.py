@@ -5,7 +5,8 @@
 
 `train`: FSDP2 on the tiny model, three steps on the batches of `batches()`, a sharded checkpoint after step 2,
 a sharded publish of every version; rank 0 writes the metrics and the full weights after every step (gathered
-for the test's comparison only). `resume`: a fresh group loads the step-2 checkpoint and takes step 3 again, then
+for the test's comparison only). `resume`: a fresh group loads the step-2 checkpoint and takes step 3 again; a
+single-process checkpoint (OUT/single_run, written by the test) is loaded into the group and step 2 taken; then
 one step of the tiny MoE with the sampler's routing replayed (`moe_batch()`).
 """
 
@@ -113,6 +114,14 @@ def main(phase: str, out: Path) -> None:
                         "state_bytes": local_state_bytes(m, trainer.optimizer)})
         if phase == "train" and trainer.version == 2:
             trainer.save_checkpoint({"admitted": ["s0g0", "s1g1"], "data_position": 2})
+    if phase == "resume":  # a single-process checkpoint (written by the test) into a 2-rank group, then step 2
+        grown = Trainer(shard_model(model(), group, cfg), trainer_config(2, 2), run_dir=out / "single_run",
+                        group=group)
+        grown.load_checkpoint()
+        grown.step(data[1])
+        full = full_weights(grown.model)
+        if group.is_main:
+            save_file(full, out / "grown_weights_2.safetensors")
     if phase == "resume":  # router replay, sharded: one step of the MoE on 2 micro-batches (one per rank)
         moe = shard_model(moe_model(), group, cfg)
         moe_trainer = Trainer(moe, trainer_config(2, 1), group=group)

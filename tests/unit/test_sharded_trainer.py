@@ -50,6 +50,9 @@ def torchrun(phase: str, out: Path, timeout_s: float = 300) -> None:
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded")
     torchrun("train", out)
+    single = Trainer(model(), trainer_config(1, 1), run_dir=out / "single_run")  # for the 1 -> 2 ranks load
+    single.step(batches()[0])
+    single.save_checkpoint({"data_position": 1})
     torchrun("resume", out)
     return out
 
@@ -133,6 +136,17 @@ def test_a_two_rank_checkpoint_loads_into_one_process(runs, tmp_path):
     after = load_file(runs / "train_weights_3.safetensors")
     diff = max(float((trainer.model.state_dict()[k] - after[k]).abs().max()) for k in after)
     assert diff <= 1e-6 and m["loss"] == pytest.approx(records(runs, "train")[0][2]["metrics"]["loss"], rel=1e-5)
+
+
+def test_a_single_process_checkpoint_loads_into_two_ranks(runs):
+    single = Trainer(model(), trainer_config(1, 1), run_dir=runs / "single_run")
+    single.load_checkpoint()
+    single.cfg = trainer_config(1, 2)
+    single.step(batches()[1])
+    grown = load_file(runs / "grown_weights_2.safetensors")
+    w = single.model.state_dict()
+    diff = max(float((w[k] - grown[k]).abs().max()) for k in grown)
+    assert diff <= 1e-6, f"weights differ by {diff} after the grown group's step"
 
 
 def _strip(manifest: dict) -> dict:

@@ -14,10 +14,12 @@ Layout of `checkpoints/step_00000012/` (the same directory names as checkpoint.p
 
 Why: at scale no rank can hold the whole model, optimizer state included, so no rank gathers; each writes what it
 holds in parallel. DCP records global shapes and offsets, so a checkpoint saved by W ranks loads at any other
-world size (a 2-rank checkpoint into 1 rank or into a single unsharded process: `test_sharded_checkpoint.py`);
+world size (a 2-rank checkpoint into a single unsharded process: tests/unit/test_sharded_trainer.py);
 the state-dict keys are the model's parameter names, identical sharded or not. Atomicity as in checkpoint.py:
 the ranks write into a hidden temporary sibling, rank 0 writes `state.json` after a barrier and renames the
 directory into place. RNG states are per rank; at another world size rank r takes rank min(r, W-1)'s.
+A single-process checkpoint (checkpoint.py) loads into a sharded trainer too (`load_single_process`): each rank
+reads the full tensors once and keeps its shards - a one-off when a run grows from one device to a group.
 Caveat: DCP's `.metadata` is a pickle (torch's format), so unlike checkpoint.py's files a DCP checkpoint must
 come from a trusted source.
 """
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from flywheel.trainer.checkpoint import capture_rng, restore_rng
 from flywheel.trainer.distributed import RankGroup
@@ -96,6 +98,22 @@ def write_sharded(root: str | Path, version: int, model: torch.nn.Module, optimi
             tmp.rename(final)
     group.barrier()  # nobody reads or prunes before the rename
     return final
+
+
+def load_single_process(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a checkpoint.py checkpoint (`read_checkpoint`'s dict: full tensors, AdamW state keyed by parameter
+    index) into a sharded model and its optimizer; every rank calls it. Parameter indices are those of
+    `model.parameters()`, which FSDP keeps in order, so index i is the i-th trainable parameter's name."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    osd = state["optimizer"]
+    if len(names) < len(osd["state"]):
+        raise ValueError(f"the checkpoint has optimizer state for {len(osd['state'])} parameters, the model has "
+                         f"{len(names)}; build the model with the run's config")
+    full_osd = {"state": {names[int(i)]: st for i, st in osd["state"].items()},
+                "param_groups": [dict(g, params=[names[int(i)] for i in g["params"]]) for g in osd["param_groups"]]}
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=full_osd,
+                   options=StateDictOptions(full_state_dict=True))
+    restore_rng(*state["rng"])
 
 
 def read_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

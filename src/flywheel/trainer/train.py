@@ -419,10 +419,11 @@ class Trainer:
             state = sckpt.read_sharded(path, self.model, self.optimizer, self.group)
             self.version = int(state["version"])
             return state["extra"]
-        if self.group is not None:
-            raise ValueError(f"'{path}' is a single-process checkpoint; a sharded trainer loads only sharded (DCP) "
-                             "ones: resume this run with trainer.world_size = 1")
         state = ckpt.read_checkpoint(path)
+        if self.group is not None:  # a run that grows from one process to a group: each rank keeps its shards
+            sckpt.load_single_process(state, self.model, self.optimizer)
+            self.version = int(state["version"])
+            return state["extra"]
         fit = "; build the model with the run's config"
         try:
             missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
