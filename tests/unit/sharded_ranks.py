@@ -7,7 +7,7 @@
 a sharded publish of every version; rank 0 writes the metrics and the full weights after every step (gathered
 for the test's comparison only). `resume`: a fresh group loads the step-2 checkpoint and takes step 3 again; a
 single-process checkpoint (OUT/single_run, written by the test) is loaded into the group and step 2 taken; then
-one step of the tiny MoE with the sampler's routing replayed (`moe_batch()`).
+one step of the tiny MoE with the sampler's routing replayed (`moe_batch()`); step 1 with activation checkpointing.
 """
 
 import json
@@ -130,6 +130,13 @@ def main(phase: str, out: Path) -> None:
         if group.is_main:
             save_file(full, out / "moe_weights_1.safetensors")
         records.append({"version": 1, "metrics": metrics, "moe": True})
+        # activation checkpointing recomputes the same ops: step 1 must give the same bits as without it
+        ac_cfg = trainer_config(2, 1).model_copy(update={"activation_checkpointing": True})
+        ac = shard_model(model(), group, ac_cfg)
+        Trainer(ac, ac_cfg, group=group).step(data[0])
+        full = full_weights(ac)
+        if group.is_main:
+            save_file(full, out / "ac_weights_1.safetensors")
     every = group.all_gather_objects(records)
     if group.is_main:
         (out / f"{phase}.json").write_text(json.dumps(every))

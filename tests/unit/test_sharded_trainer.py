@@ -106,6 +106,12 @@ def test_router_replay_sharded_matches_one_process(runs):
     assert all(torch.equal(w1[k], w2[k]) for k in w2)
 
 
+def test_activation_checkpointing_changes_no_bit(runs):
+    with_ac = load_file(runs / "ac_weights_1.safetensors")
+    without = load_file(runs / "train_weights_1.safetensors")
+    assert all(torch.equal(with_ac[k], without[k]) for k in without)
+
+
 def test_each_rank_holds_half_of_the_state(runs):
     r0, r1 = (r[0]["state_bytes"] for r in records(runs, "train"))
     whole = sum(p.numel() * 4 for p in {id(p): p for p in model().parameters()}.values())
