@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -18,6 +19,9 @@ from flywheel.orchestrator.trainer_service import build_trainer  # noqa: E402
 from flywheel.policy.model import load_model, save_model  # noqa: E402
 from flywheel.weights.store import WeightStore  # noqa: E402
 from flywheel.weights.sync import Subscriber  # noqa: E402
+
+
+pytestmark = pytest.mark.slow  # three torchrun starts, ~50-70 s on a loaded 2-core host: `make test` runs it
 
 
 def _alive(pid: int) -> bool:
