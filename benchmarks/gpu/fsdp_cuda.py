@@ -1,6 +1,7 @@
 """The sharded trainer's checks on GPUs over NCCL (issue 25), prepared for a lent multi-GPU machine; never a test.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/gpu/fsdp_cuda.py --out fsdp_cuda.json [--preset small]
+    torchrun --standalone --nproc-per-node 2 benchmarks/gpu/fsdp_cuda.py --backend gloo --preset tiny   # CPU dry run
 
 What it runs (the same properties tests/unit/test_sharded_trainer.py checks on CPU/gloo):
 
@@ -53,11 +54,13 @@ def main() -> None:
     p.add_argument("--out", default="fsdp_cuda.json")
     p.add_argument("--preset", default="small")
     p.add_argument("--num-layers", type=int, default=0)
+    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"], help="gloo: a CPU dry run of the script")
     a = p.parse_args()
+    cuda = a.backend == "nccl"
     torch.use_deterministic_algorithms(True)
     ws = int(os.environ["WORLD_SIZE"])
     s = settings(quick=False)
-    cfg = TrainerConfig(world_size=ws, lr=1e-5, micro_batch_tokens=s["micro_batch_tokens"], dist_backend="nccl")
+    cfg = TrainerConfig(world_size=ws, lr=1e-5, micro_batch_tokens=s["micro_batch_tokens"], dist_backend=a.backend)
     group = init_group(cfg)
     mcfg = ModelConfig(preset=a.preset, num_layers=a.num_layers)
     tmp = Path(tempfile.mkdtemp(prefix="fsdp-cuda-")) if group.is_main else None
@@ -67,12 +70,14 @@ def main() -> None:
     ref = Trainer(build_model(mcfg, vocab_size=VOCAB).to(group.device), cfg.model_copy(update={"world_size": 1})) \
         if group.is_main else None
     batches = [make_batch(s, k) for k in range(3)]
-    out: dict = {"world_size": ws, "device": torch.cuda.get_device_name(group.device), "preset": a.preset,
-                 "steps": []}
-    torch.cuda.reset_peak_memory_stats(group.device)
+    out: dict = {"world_size": ws, "device": torch.cuda.get_device_name(group.device) if cuda else "cpu",
+                 "preset": a.preset, "steps": []}
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(group.device)
     times, weights = [], {}
     for k, batch in enumerate(batches):
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         m = trainer.step(batch)
         times.append(m["step_time_s"])
         weights[k + 1] = full(model)
@@ -84,7 +89,7 @@ def main() -> None:
             diff = max(float((w1[n] - weights[k + 1][n]).abs().max()) for n in w1)
             out["steps"].append({"step": k + 1, "loss": m["loss"], "loss_1": m1["loss"], "max_abs_dw": diff,
                                  "tokens_per_s": m["tokens_per_s"], "tokens_per_s_1": m1["tokens_per_s"]})
-    out["peak_gpu_bytes"] = group.all_gather_objects(torch.cuda.max_memory_allocated(group.device))
+    out["peak_gpu_bytes"] = group.all_gather_objects(torch.cuda.max_memory_allocated(group.device) if cuda else 0)
     out["state_bytes"] = group.all_gather_objects(trainer.state_bytes)
     out["tokens_per_s"] = m["num_tokens"] / statistics.median(times)
 
