@@ -134,6 +134,9 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 = off")
     batch_size: int = Field(32, ge=1, description="trajectories per trainer step")
     micro_batch_tokens: int = Field(4096, ge=16, description="token budget per forward/backward")
+    pack_sequences: bool = Field(False, description="concatenate rows into one sequence per micro-batch (positions "
+                                 "restart per row, block-diagonal attention; trainer/packing.py) instead of padding "
+                                 "rows to the longest")
     num_steps: int = Field(20, ge=0, description="trainer steps to run")
     update_epochs: int = Field(1, ge=1, le=64, description="optimizer steps per batch (PPO epochs): each pass over "
                                "the same trajectories, the clip bounding the move from the batch's old log-probs; "

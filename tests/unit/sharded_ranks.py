@@ -7,7 +7,8 @@
 a sharded publish of every version; rank 0 writes the metrics and the full weights after every step (gathered
 for the test's comparison only). `resume`: a fresh group loads the step-2 checkpoint and takes step 3 again; a
 single-process checkpoint (OUT/single_run, written by the test) is loaded into the group and step 2 taken; then
-one step of the tiny MoE with the sampler's routing replayed (`moe_batch()`); step 1 with activation checkpointing.
+one step of the tiny MoE with the sampler's routing replayed (`moe_batch()`); step 1 with packed sequences; step 1
+with activation checkpointing.
 """
 
 import json
@@ -130,6 +131,14 @@ def main(phase: str, out: Path) -> None:
         if group.is_main:
             save_file(full, out / "moe_weights_1.safetensors")
         records.append({"version": 1, "metrics": metrics, "moe": True})
+        # packed sequences: step 1 packs into 2 sequences, one per rank
+        pk_cfg = trainer_config(2, 1).model_copy(update={"pack_sequences": True})
+        pk = shard_model(model(), group, pk_cfg)
+        pk_metrics = Trainer(pk, pk_cfg, group=group).step(data[0])
+        full = full_weights(pk)
+        if group.is_main:
+            save_file(full, out / "packed_weights_1.safetensors")
+        records.append({"version": 1, "metrics": pk_metrics, "packed": True})
         # activation checkpointing recomputes the same ops: step 1 must give the same bits as without it
         ac_cfg = trainer_config(2, 1).model_copy(update={"activation_checkpointing": True})
         ac = shard_model(model(), group, ac_cfg)

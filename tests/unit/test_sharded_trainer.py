@@ -97,13 +97,24 @@ def test_router_replay_sharded_matches_one_process(runs):
     """tiny-moe, the sampler's routing replayed: agreement and weights after a step as in one process."""
     single = Trainer(moe_model(), trainer_config(1, 1))
     m1 = single.step(moe_batch())
-    m2 = records(runs, "resume")[0][-1]["metrics"]
+    m2 = next(r for r in records(runs, "resume")[0] if r.get("moe"))["metrics"]
     assert 0.5 < m1["router_agreement"] < 1.0  # the replay overrides some of the trainer's own choices
     assert m2["router_agreement"] == m1["router_agreement"]
     assert m2["num_micro_batches"] == 2.0 and m2["loss"] == pytest.approx(m1["loss"], rel=1e-6)
     w2 = load_file(runs / "moe_weights_1.safetensors")
     w1 = single.model.state_dict()
     assert all(torch.equal(w1[k], w2[k]) for k in w2)
+
+
+def test_packed_sequences_sharded_match_one_process(runs):
+    cfg = trainer_config(1, 1).model_copy(update={"pack_sequences": True})
+    single = Trainer(model(), cfg)
+    m1 = single.step(batches()[0])
+    m2 = next(r for r in records(runs, "resume")[0] if r.get("packed"))["metrics"]
+    assert m2["num_micro_batches"] == 2.0 and m2["num_padded_tokens"] == m2["num_tokens"]
+    assert m2["loss"] == m1["loss"]
+    w2 = load_file(runs / "packed_weights_1.safetensors")
+    assert all(torch.equal(single.model.state_dict()[k], w2[k]) for k in w2)
 
 
 def test_activation_checkpointing_changes_no_bit(runs):

@@ -12,7 +12,8 @@ A step (algorithm-blind; the algorithm lives in advantages.py and losses.py):
    sharing its advantage. Trajectories without a reward, broken outside the policy (`env_failure`) or
    malformed are skipped and counted (`num_skipped`), never fatal.
 2. Rows are packed into micro-batches whose padded size stays within `micro_batch_tokens` (longest
-   first, so padding is small; a row longer than the budget gets a micro-batch of its own).
+   first, so padding is small; a row longer than the budget gets a micro-batch of its own). With
+   `trainer.pack_sequences` a micro-batch is instead one sequence of concatenated rows (packing.py).
 3. Old log-probs are recomputed under the current weights (no grad) - for MoE with the sampler's
    routed experts replayed (replay.py). Against the sampler's log-probs they give the off-policy
    weights (TIS / MIS / IcePop) and the mismatch metrics (mismatch.py), computed over the whole batch
@@ -60,6 +61,7 @@ from flywheel.trainer.advantages import compute_advantages, weight_negatives
 from flywheel.trainer.distributed import RankGroup, assign_micro_batches, local_state_bytes, loss_scale
 from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
+from flywheel.trainer.packing import pack_by_tokens, packed_layout
 from flywheel.trainer.replay import moe_routers, router_replay
 from flywheel.trainer.schedule import warmup_factor
 from flywheel.types import Trajectory
@@ -151,6 +153,9 @@ class Trainer:
             if cfg.dtype != "float32":
                 raise ValueError("numerics.batch_invariant computes in float32 like the engine; set trainer.dtype = "
                                  "'float32' or numerics.batch_invariant = false")
+            if cfg.pack_sequences:
+                raise ValueError("numerics.batch_invariant scores right-padded rows; set trainer.pack_sequences = "
+                                 "false or numerics.batch_invariant = false")
             if group is not None:
                 raise ValueError("numerics.batch_invariant reads whole weight tensors, which a sharded trainer never "
                                  "holds; set numerics.batch_invariant = false or trainer.world_size = 1")
@@ -176,6 +181,8 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on)
 
     def _collate(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        if self.cfg.pack_sequences:
+            return self._collate_packed(rows)
         t = max(len(r.input_ids) for r in rows)
         ids = torch.full((len(rows), t), self.pad_token_id, dtype=torch.long)
         attn = torch.zeros((len(rows), t), dtype=torch.long)
@@ -195,6 +202,26 @@ class Trainer:
                         experts[b, pos] = torch.tensor(e)
         return {"input_ids": ids.to(self.device), "attention_mask": attn.to(self.device), "experts": experts}
 
+    def _experts_of(self, r: Row) -> torch.Tensor:
+        """A row's replayed routing [L, layers, k] (-1 = the trainer's own)."""
+        out = torch.full((len(r.input_ids), *self._moe_shape), -1, dtype=torch.long)
+        for pos, e in enumerate(r.routed_experts or []):
+            if e:
+                if len(e) != self._moe_shape[0] or any(len(k) != self._moe_shape[1] for k in e):
+                    raise ValueError(f"routed experts per token must be [{self._moe_shape[0]} layers][top-"
+                                     f"{self._moe_shape[1]}]; got {[len(k) for k in e]}")
+                out[pos] = torch.tensor(e)
+        return out
+
+    def _collate_packed(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        """One sequence of the rows concatenated (packing.py): no attention mask, positions restart per row."""
+        ids, pos, unpack = packed_layout([r.input_ids for r in rows])
+        experts = None
+        if self._moe_shape is not None and any(r.routed_experts for r in rows):
+            experts = torch.cat([self._experts_of(r) for r in rows])[None]
+        return {"input_ids": ids.to(self.device), "attention_mask": None, "position_ids": pos.to(self.device),
+                "unpack": unpack.to(self.device), "experts": experts}
+
     def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool, measure: bool = False):
         """Target log-probs [b, T-1] (fp32) and the router agreement stats of this forward (`num_agree`,
         `num_replayed`, per-layer `layer_agree` / `layer_replayed`). The sampler's routing is replayed when
@@ -208,8 +235,11 @@ class Trainer:
             logits, stats = fwd(mb["input_ids"], experts, apply_replay=apply)
             return logprobs_from_logits(logits[:, :-1], mb["input_ids"][:, 1:], self.temperature), stats
         with router_replay(model, experts, apply=apply) as stats, self._autocast():
-            out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
+            out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                        position_ids=mb.get("position_ids"), use_cache=False)
             lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.temperature)
+        if "unpack" in mb:  # packed: each row's target log-probs, back in the padded [rows, T - 1] layout
+            lp = lp[0, mb["unpack"]]
         return lp, stats
 
     @staticmethod
@@ -283,12 +313,15 @@ class Trainer:
         rewards = [t.reward.value for t in good]
         advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
         advantages = weight_negatives(advantages, self.cfg.negative_weight)
-        all_groups = pack_micro_batches([len(r.input_ids) for r in rows], self.cfg.micro_batch_tokens)
+        lengths = [len(r.input_ids) for r in rows]
+        pack = pack_by_tokens if self.cfg.pack_sequences else pack_micro_batches
+        all_groups = pack(lengths, self.cfg.micro_batch_tokens)
+        costs = [sum(lengths[i] for i in g) if self.cfg.pack_sequences else len(g) * max(lengths[i] for i in g)
+                 for g in all_groups]  # tokens each micro-batch's forward processes, padding included
         # this rank's micro-batches (all of them on one process), then fillers up to the busiest rank's count
         groups: list[list[int] | None] = list(all_groups)
         if self.group is not None:
-            dealt = assign_micro_batches([len(g) * len(rows[g[0]].input_ids) for g in all_groups],
-                                         self.group.world_size)
+            dealt = assign_micro_batches(costs, self.group.world_size)
             groups = [all_groups[i] for i in dealt[self.group.rank]]
             groups += [None] * (max(map(len, dealt)) - len(groups))
         micro = [self._collate([rows[i] for i in g]) if g is not None else self._filler() for g in groups]
@@ -359,6 +392,7 @@ class Trainer:
             "num_trajectories": float(len(good)), "num_skipped": float(num_skipped),
             "num_rows": float(len(rows)), "num_micro_batches": float(len(all_groups)),
             "num_tokens": float(num_tokens), "num_loss_tokens": float(int(mask.sum())),
+            "num_padded_tokens": float(sum(costs)),
             "update_epochs": float(self.cfg.update_epochs),
             "staleness_mean": float(sum(staleness) / len(staleness)) if staleness else 0.0,
             "staleness_max": float(max(staleness)) if staleness else 0.0,
