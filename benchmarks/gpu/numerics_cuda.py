@@ -118,7 +118,7 @@ def measure(preset: str, dtype: str, device) -> dict:
     lengths = [64 + (37 * i) % 448 for i in range(16)]
     seqs = _batches(lengths, 2048, seed=1)
     out: dict = {"preset": preset, "dtype": dtype, "lengths": lengths}
-    import flywheel.inference.qwen3 as qwen3
+    import flywheel.numerics.qwen3 as qwen3
     import flywheel.numerics.batch_invariant as bi
 
     original = qwen3.linear

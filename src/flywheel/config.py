@@ -120,8 +120,18 @@ class RolloutConfig(Section):
     max_env_retries: int = Field(2, ge=0, le=100, description="retries of a session that broke outside the policy")
 
 
+class MeshConfig(Section):
+    """The trainer's device mesh (trainer/distributed.py). Only data-parallel sharding (FSDP2) is built; the other
+    dimensions are named so that configs written for tensor and expert parallelism fail clearly today."""
+
+    dp_shard: int = Field(-1, ge=-1, le=65_536, description="ranks each parameter, gradient and optimizer state is "
+                          "sharded over (FSDP2); -1 = all of trainer.world_size")
+    tp: int = Field(1, ge=1, le=1, description="tensor-parallel degree; reserved, only 1 is built")
+    ep: int = Field(1, ge=1, le=1, description="expert-parallel degree; reserved, only 1 is built")
+
+
 class TrainerConfig(Section):
-    """Policy optimisation: advantages, loss, off-policy correction, optimizer, checkpoints."""
+    """Policy optimisation: advantages, loss, off-policy correction, optimizer, checkpoints, sharding."""
 
     lr: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
@@ -131,6 +141,9 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 = off")
     batch_size: int = Field(32, ge=1, description="trajectories per trainer step")
     micro_batch_tokens: int = Field(4096, ge=16, description="token budget per forward/backward")
+    pack_sequences: bool = Field(False, description="concatenate rows into one sequence per micro-batch (positions "
+                                 "restart per row, block-diagonal attention; trainer/packing.py) instead of padding "
+                                 "rows to the longest")
     num_steps: int = Field(20, ge=0, description="trainer steps to run")
     update_epochs: int = Field(1, ge=1, le=64, description="optimizer steps per batch (PPO epochs): each pass over "
                                "the same trajectories, the clip bounding the move from the batch's old log-probs; "
@@ -154,6 +167,25 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(10, ge=0, description="trainer steps between checkpoints; 0 = only at the end")
     router_replay: bool = Field(True, description="MoE: trainer forward uses the sampler's routed experts")
     seed: int = Field(0, ge=0, description="trainer RNG seed; default: the global seed")
+    world_size: int = Field(1, ge=1, le=65_536, description="trainer ranks (processes, one per device); > 1 shards "
+                            "the model with FSDP2 over torch.distributed (torchrun locally, a Ray actor group on "
+                            "Ray; docs/training.md, \"Sharded trainer\")")
+    mesh: MeshConfig = Field(default_factory=MeshConfig, description="device mesh of the sharded trainer")
+    activation_checkpointing: bool = Field(False, description="sharded trainer: recompute each decoder layer's "
+                                           "activations in backward (less memory, ~1 more forward)")
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = "
+                                                          "nccl with CUDA, else gloo")
+    dist_timeout_s: float = Field(300.0, gt=0, le=86_400, description="seconds a collective may wait for a peer "
+                                  "before the group fails (a dead rank is noticed at the latest then)")
+    group_max_restarts: int = Field(3, ge=0, le=1000, description="sharded trainer: restarts of a failed rank group "
+                                    "(each resumes from the newest checkpoint)")
+
+    @model_validator(mode="after")
+    def _check_mesh(self) -> TrainerConfig:
+        if self.mesh.dp_shard not in (-1, self.world_size):
+            raise ValueError(f"trainer.mesh.dp_shard = {self.mesh.dp_shard} must be -1 or trainer.world_size "
+                             f"({self.world_size}): only pure data-parallel sharding is built")
+        return self
 
 
 class WeightsConfig(Section):
@@ -223,8 +255,10 @@ class MidtrainConfig(Section):
     """Mid-training: next-token training on agent transcripts, producing the policy RL starts from."""
 
     num_transcripts: int = Field(600, ge=0, le=10_000_000, description="scripted sessions rendered as training text")
-    num_drills: int = Field(4000, ge=0, le=10_000_000, description="short statement → tool-call examples (see pipeline/transcripts.py)")
-    drill_steps: int = Field(0, ge=0, description="optimizer steps on bare drills (statement → call) before the transcripts (curriculum stage 1)")
+    num_drills: int = Field(4000, ge=0, le=10_000_000,
+                            description="short statement → tool-call examples (see pipeline/transcripts.py)")
+    drill_steps: int = Field(0, ge=0, description="optimizer steps on bare drills (statement → call) before the "
+                             "transcripts (curriculum stage 1)")
     drill_batch_tokens: int = Field(1024, ge=64, description="tokens per optimizer step in the drill stage")
     copy_drill_fraction: float = Field(0.5, ge=0, le=1, description="share of drills with a random file and edit "
                                        "(teaches copying from the statement; see pipeline/transcripts.py)")
@@ -421,12 +455,17 @@ def reference_markdown() -> str:
             ann = f.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 continue
-            bounds = [f"{k} {getattr(m, k)}" for m in f.metadata for k in ("gt", "ge", "lt", "le") if getattr(m, k, None) is not None]
+            bounds = [f"{k} {getattr(m, k)}" for m in f.metadata for k in ("gt", "ge", "lt", "le")
+                      if getattr(m, k, None) is not None]
             typ = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
             desc = (f.description or "") + (f" ({', '.join(bounds)})" if bounds else "")
             default = f.default if f.default_factory is None else f.default_factory()
             lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
         lines.append("")
+        if title != "(top level)":  # nested sections (trainer.mesh) follow their parent
+            for name, f in model.model_fields.items():
+                if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                    section(f"{title}.{name}", f.annotation)
 
     section("(top level)", FlywheelConfig)
     for name, f in FlywheelConfig.model_fields.items():

@@ -24,10 +24,12 @@ STEPS = 14
 MARGIN = 0.04
 
 
-def test_reduced_demo_raises_heldout_pass_rate(demo_base, tmp_path):
+@pytest.mark.parametrize("world_size", [1, 2], ids=["1rank", "2ranks"])
+def test_reduced_demo_raises_heldout_pass_rate(demo_base, tmp_path, world_size):
+    """world_size 2: the same run with the trainer sharded over two torchrun ranks (FSDP2, gloo)."""
     run_dir = tmp_path / "demo"
     demo_base.seed_summary(run_dir)
-    cfg = demo_base.config(run_dir, "--trainer.num_steps", str(STEPS))
+    cfg = demo_base.config(run_dir, "--trainer.num_steps", str(STEPS), "--trainer.world_size", str(world_size))
     summary = run_job(cfg, show_progress=False)
     assert summary["rl"]["steps"] == STEPS and not summary["rl"]["interrupted"]
     before, after = summary["pass1_before"], summary["pass1_after"]

@@ -6,7 +6,8 @@ Each test runs `run_rl` with `orchestrator.backend = "ray"` from one small mid-t
 module) and attacks one property: an engine killed mid-run loses no group; sessions graded by grader actors,
 one of them killed mid-run, lose no group; an engine added mid-run (through the
 CLI's control file, in a second region) joins at the current weights and pulls them through its own relay; a
-killed trainer actor resumes from its checkpoint; engines that start too late give a clear error and are
+killed trainer actor resumes from its checkpoint; so does a sharded trainer group (2 rank actors) with a
+killed rank; engines that start too late give a clear error and are
 stopped; the demo config itself trains on Ray from the demo's base.
 """
 
@@ -177,6 +178,29 @@ def test_trainer_actor_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     from flywheel.trainer.checkpoint import latest_checkpoint
 
     assert latest_checkpoint(run_dir / "checkpoints").name.endswith("3")
+
+
+def test_sharded_trainer_group_rank_killed_resumes_from_checkpoint(cluster, base, tmp_path):
+    """`trainer.world_size = 2` on Ray: two RankActors (FSDP2 over gloo) in a placement group; one is killed after
+    step 2, the handle starts a fresh group from the newest checkpoint and the run finishes its steps."""
+    run_dir = tmp_path / "kill-rank"
+    cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--trainer.world_size", "2"])
+    killed = []
+
+    def on_step(record):
+        if record["step"] == 2 and not killed:
+            ray.kill(ray.get_actor(f"flywheel-trainer-{run_dir.name}-rank1"), no_restart=True)
+            killed.append(True)
+
+    out = _run(cfg, run_dir, base, on_step)
+    assert killed and out["steps"] == 3
+    records = _records(run_dir)
+    assert records[-1]["step"] == 3 and records[-1]["trainer/restarts"] == 1.0
+    from flywheel.trainer.checkpoint import latest_checkpoint
+    from flywheel.trainer.sharded_checkpoint import is_sharded
+
+    assert latest_checkpoint(run_dir / "checkpoints").name.endswith("3")
+    assert is_sharded(latest_checkpoint(run_dir / "checkpoints"))
 
 
 def test_engines_that_start_late_give_a_clear_error_and_are_stopped(cluster, base, tmp_path):

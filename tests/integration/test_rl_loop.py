@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import load_config
-from flywheel.tasks.synth import generate_tasks
 from flywheel.orchestrator.loop import AdmittedLog, run_rl
 from flywheel.policy.model import build_model, save_model
 from flywheel.policy.tokenizer import default_corpus, save_tokenizer, train_tokenizer
+from flywheel.tasks.synth import generate_tasks
 from flywheel.trainer.checkpoint import latest_checkpoint, read_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -110,3 +110,18 @@ def test_engines_that_start_late_give_a_clear_error_and_are_stopped(base, tmp_pa
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("flywheel-node")]
     assert signal.getsignal(signal.SIGINT) is handler  # the loop's Ctrl-C handler is gone again
     assert not (run_dir / "final_model").exists()
+
+
+def test_loop_trains_with_a_two_rank_sharded_trainer(base, tmp_path):
+    """`trainer.world_size = 2` on the local backend: the loop drives a torchrun group of two FSDP2 ranks (gloo)
+    through the same handle; the weight store gets every version from the ranks' sharded publish."""
+    root, tasks = base
+    run_dir = tmp_path / "sharded"
+    cfg = config(run_dir, "async", 2)
+    cfg.trainer.world_size = 2
+    out = run_rl(cfg, run_dir, root / "model", root / "tokenizer", tasks)
+    assert out["steps"] == 2 and not out["interrupted"] and steps_logged(run_dir) == [1, 2]
+    versions = sorted(p.name for p in (run_dir / "weights" / "versions").iterdir())
+    assert versions == ["000000000000.json", "000000000001.json", "000000000002.json"]
+    assert (run_dir / "final_model" / "config.json").exists()
+    assert (run_dir / "checkpoints" / "step_00000002" / "dcp").is_dir()  # sharded checkpoints

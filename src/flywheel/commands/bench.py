@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "start both runs from, instead of mid-training one (e.g. runs/demo/base_model)")
     p.add_argument("--seeds", default=None, metavar="S,S,...", help="pipeline: one sync/async pair per RL seed, "
                    "e.g. --seeds 0,1,2; the summary averages the pairs (default: the config's seed)")
+    p.add_argument("--ranks", default=None, metavar="N,N,...", help="trainer: rank counts to measure, 1 first (the "
+                   "single-process baseline), e.g. --ranks 1,2 (default 1,2)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="pipeline: a config override "
                    "for both runs, e.g. --set trainer.correction=none (repeatable)")
 

@@ -22,8 +22,8 @@ import signal
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.log import MetricsLog
@@ -109,12 +109,12 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
            resume: bool = False, on_step: Callable[[dict], None] | None = None,
            stop_event: threading.Event | None = None) -> dict:
     """Run RL until `cfg.trainer.num_steps` trainer steps; returns the loop's summary figures."""
-    from flywheel.orchestrator.node import NodeSpec
-    from flywheel.orchestrator.trainer_service import build_trainer
-
     import os
 
     import torch
+
+    from flywheel.orchestrator.node import NodeSpec
+    from flywheel.orchestrator.trainer_service import build_trainer
 
     run_dir = Path(run_dir)
     # The nodes take one core each (NodeSpec.num_threads); the trainer gets the rest, at least one.
@@ -136,7 +136,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         buffer.counters["restored"] = len(restored)
     specs = [NodeSpec(config=cfg.model_dump(mode="json"), model_dir=str(base_model_dir), tokenizer_dir=str(tokenizer_dir),
                       tasks=tasks, store_url=trainer.store_url, cache_dir=str(run_dir / "cache" / f"node{n}"), node_id=n,
-                      seed=cfg.seed + 1000 * trainer.version, max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.group_size))
+                      seed=cfg.seed + 1000 * trainer.version,
+                      max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.group_size))
              for n in range(cfg.orchestrator.num_engines)]
     source = build_rollouts(cfg, specs)
     log = MetricsLog(run_dir, tensorboard=cfg.metrics.tensorboard)

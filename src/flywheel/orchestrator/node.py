@@ -51,10 +51,10 @@ class InferenceNode:
         import torch
 
         from flywheel.envs.env import CodingEnv
-        from flywheel.inference.local import build_engine
         from flywheel.envs.tools import tools_for
-        from flywheel.policy.chat import ChatFormat
+        from flywheel.inference.local import build_engine
         from flywheel.numerics.lm_head import use_fp32_lm_head
+        from flywheel.policy.chat import ChatFormat
         from flywheel.policy.model import load_model
         from flywheel.policy.tokenizer import load_tokenizer
         from flywheel.rollout.worker import RolloutWorker

@@ -11,11 +11,18 @@ store stays the source of truth (engines holding a dropped version fail the next
 anchor path). The handle retries the call that met the dead actor once the actor is back (`trainer/restarts`):
 a step is then re-run from the checkpointed weights; the loop keeps its buffer and admitted-group log, so no
 trajectory is lost. The local backend imports nothing from Ray.
+
+Sharded (`trainer.world_size > 1`): one TrainerService per rank, each holding its shards (`group`); every method
+is then a collective that all ranks call with the same arguments (orchestrator/trainer_group.py drives them:
+torchrun for the local backend, a Ray actor group for the Ray one). Publication is sharded
+(weights/sharded.py), checkpoints are DCP (trainer/sharded_checkpoint.py); `save_model` gathers the full
+weights on rank 0 once, for the final export.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,38 +36,57 @@ from flywheel.types import Trajectory
 class TrainerService:
     """Trainer + Publisher + store: everything the loop asks of the trainer side (a plain class)."""
 
-    def __init__(self, config: dict, run_dir: str, base_model_dir: str, resume: bool = False):
+    def __init__(self, config: dict, run_dir: str, base_model_dir: str, resume: bool = False, *,
+                 restarted: bool = False, group=None):
         from flywheel.numerics.lm_head import use_fp32_lm_head
         from flywheel.policy.model import load_model
         from flywheel.trainer import checkpoint as ckpt
+        from flywheel.trainer.distributed import init_group, shard_model
         from flywheel.trainer.train import Trainer
+        from flywheel.weights.sharded import ShardedPublisher
         from flywheel.weights.store import WeightStore
         from flywheel.weights.sync import Publisher
 
         cfg = FlywheelConfig.model_validate(config)
         run_dir_p = Path(run_dir)
-        model = use_fp32_lm_head(load_model(Path(base_model_dir), cfg.model.dtype), cfg.numerics.fp32_lm_head)
+        self.base_model_dir = Path(base_model_dir)
+        if cfg.trainer.world_size > 1 and group is None:  # a rank under torchrun: rendezvous from the environment
+            group = init_group(cfg.trainer)
+        self.group = group
+        self.cfg = cfg
+        model = use_fp32_lm_head(load_model(self.base_model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
         # the KL anchor is the policy RL started from: a frozen copy of the base model, taken before a resume
         # loads the checkpoint's weights into `model` (a copy in memory, not a second read of the directory)
         ref_model = copy.deepcopy(model) if cfg.trainer.kl_coef > 0 else None
+        if group is not None:
+            model = shard_model(model, group, cfg.trainer)
+            ref_model = shard_model(ref_model, group, cfg.trainer) if ref_model is not None else None
         self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=model.config.pad_token_id or 0,
                                temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant,
-                               ref_model=ref_model)
-        restarted = _restarted_actor()
+                               ref_model=ref_model, group=group)
+        restarted = restarted or _restarted_actor()
         has_ckpt = ckpt.latest_checkpoint(run_dir_p / "checkpoints") is not None
         self.extra_state = self.trainer.load_checkpoint() if (resume or (restarted and has_ckpt)) else {}
         store = WeightStore(cfg.weights.store or str(run_dir_p / "weights"))
-        latest = store.latest_version()
-        if latest is not None and latest > self.trainer.version:  # killed after publishing, before checkpointing
+        main = group is None or group.is_main
+        latest = store.latest_version() if main else None
+        if main and latest is not None and latest > self.trainer.version:  # killed after publishing, before checkpointing
             store.drop_versions_after(self.trainer.version)
         self.store_url = store.url
-        self.publisher = Publisher.from_config(store, cfg.weights)
-        if store.latest_version() is None:
+        if group is not None:
+            group.barrier()  # the store's versions are settled before any rank reads them
+            self.publisher = ShardedPublisher.from_config(store, group, cfg.weights)
+        else:
+            self.publisher = Publisher.from_config(store, cfg.weights)
+        empty = store.latest_version() is None if main else None
+        if (group.broadcast_object(empty) if group is not None else empty):
             self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish())
             self.publisher.flush()
 
     def info(self) -> dict:
-        return {"version": self.trainer.version, "store_url": self.store_url, "extra_state": self.extra_state}
+        pids = [os.getpid()] if self.group is None else self.group.all_gather_objects(os.getpid())
+        return {"version": self.trainer.version, "store_url": self.store_url, "extra_state": self.extra_state,
+                "pids": pids}
 
     @property
     def version(self) -> int:
@@ -83,9 +109,22 @@ class TrainerService:
         return str(self.trainer.save_checkpoint(extra_state))
 
     def save_model(self, path: str) -> None:
-        from flywheel.policy.model import save_model
+        """The trained policy as an HF directory. Sharded: the one place the full weights are gathered (to rank
+        0, on the CPU), into a fresh copy of the base model that rank 0 saves."""
+        from flywheel.policy.model import load_model, save_model
 
-        save_model(self.trainer.model, Path(path))
+        if self.group is None:
+            save_model(self.trainer.model, Path(path))
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.trainer.model, options=StateDictOptions(full_state_dict=True,
+                                                                                  cpu_offload=True))
+        if self.group.is_main:
+            model = load_model(self.base_model_dir, self.cfg.model.dtype)
+            model.load_state_dict(full)
+            save_model(model, Path(path))
+        self.group.barrier()
 
     def close(self) -> None:
         self.publisher.close()
@@ -180,7 +219,12 @@ class LocalTrainer(TrainerService):
 
 
 def build_trainer(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False) -> TrainerHandle:
-    """The trainer side of `cfg.orchestrator.backend`: in this process (local) or a Ray actor (ray)."""
+    """The trainer side of `cfg.orchestrator.backend`: in this process (local) or a Ray actor (ray); with
+    `trainer.world_size > 1` a sharded group (torchrun or Ray actors, orchestrator/trainer_group.py)."""
+    if cfg.trainer.world_size > 1:
+        from flywheel.orchestrator.trainer_group import build_group_trainer  # it imports this module
+
+        return build_group_trainer(cfg, run_dir, base_model_dir, resume)
     if cfg.orchestrator.backend == "ray":
         return RayTrainer(cfg, run_dir, base_model_dir, resume)
     return LocalTrainer(cfg, run_dir, base_model_dir, resume)

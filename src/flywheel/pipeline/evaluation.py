@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flywheel.config import FlywheelConfig
 from flywheel.rollout.evaluate import EvalResult
@@ -22,10 +22,10 @@ from flywheel.types import Task
 async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task], cache_dir: Path,
                on_done: Callable[[dict], None] | None) -> EvalResult:
     from flywheel.envs.env import CodingEnv
-    from flywheel.inference.local import build_engine
     from flywheel.envs.tools import tools_for
-    from flywheel.policy.chat import ChatFormat
+    from flywheel.inference.local import build_engine
     from flywheel.numerics.lm_head import use_fp32_lm_head
+    from flywheel.policy.chat import ChatFormat
     from flywheel.policy.model import load_model
     from flywheel.rollout.evaluate import evaluate
     from flywheel.rollout.worker import RolloutWorker
@@ -35,7 +35,8 @@ async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task
     await engine.start()
     try:
         rollout = cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})
-        worker = RolloutWorker(engine, ChatFormat(tokenizer, tools_for(cfg.env)), lambda: CodingEnv(cfg.env, cache_dir, cfg.env.sandbox), rollout)
+        worker = RolloutWorker(engine, ChatFormat(tokenizer, tools_for(cfg.env)),
+                               lambda: CodingEnv(cfg.env, cache_dir, cfg.env.sandbox), rollout)
         k = cfg.eval.num_samples
         return await evaluate(worker, tasks, num_samples=k, ks=tuple(sorted({1, k})), seed=cfg.seed, on_done=on_done)
     finally:

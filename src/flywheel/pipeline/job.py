@@ -25,7 +25,8 @@ class Progress:
 
     def __init__(self, enabled: bool = True):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
 
         self.console = Console()
         self._bars = RichProgress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
@@ -55,8 +56,8 @@ class Progress:
 
 def probe_copying(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks) -> dict[str, float]:
     from flywheel.envs.env import system_prompt
-    from flywheel.pipeline.copy_probe import copy_probe
     from flywheel.envs.tools import tools_for
+    from flywheel.pipeline.copy_probe import copy_probe
     from flywheel.policy.chat import ChatFormat
     from flywheel.policy.model import load_model
 
@@ -65,14 +66,14 @@ def probe_copying(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks) -> dic
 
 
 def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = True) -> dict:
+    import torch
+
     from flywheel.metrics.report import write_report
     from flywheel.orchestrator.loop import run_rl
     from flywheel.pipeline.evaluation import evaluate_model
     from flywheel.pipeline.midtrain import midtrain
     from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
     from flywheel.rollout.evaluate import paired_difference
-
-    import torch
 
     # One intra-op thread: at these model sizes a second thread gains little, and when anything else runs
     # (sandboxed tests, the rollout process) oversubscribed OpenMP threads spin and cost 10-50x.

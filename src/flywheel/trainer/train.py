@@ -12,7 +12,8 @@ A step (algorithm-blind; the algorithm lives in advantages.py and losses.py):
    sharing its advantage. Trajectories without a reward, broken outside the policy (`env_failure`) or
    malformed are skipped and counted (`num_skipped`), never fatal.
 2. Rows are packed into micro-batches whose padded size stays within `micro_batch_tokens` (longest
-   first, so padding is small; a row longer than the budget gets a micro-batch of its own).
+   first, so padding is small; a row longer than the budget gets a micro-batch of its own). With
+   `trainer.pack_sequences` a micro-batch is instead one sequence of concatenated rows (packing.py).
 3. Old log-probs are recomputed under the current weights (no grad) - for MoE with the sampler's
    routed experts replayed (replay.py). Against the sampler's log-probs they give the off-policy
    weights (TIS / MIS / IcePop) and the mismatch metrics (mismatch.py), computed over the whole batch
@@ -28,6 +29,12 @@ its state to `save_checkpoint` (orchestrator/loop.py does that).
 Batch-invariant mode (`batch_invariant=True`, numerics.batch_invariant): log-probs come from the engine's
 native math (numerics/batch_invariant.py), bit-identical to the engine's; see docs/numerics.md.
 
+Sharded (`group=RankGroup`, trainer/distributed.py; the model already FSDP2-wrapped): every rank is given the
+whole batch and computes the same rows, advantages and micro-batches; the micro-batches are dealt to ranks by
+tokens, each rank recomputes the old log-probs of its own and a sum over ranks fills in the rest, so correction
+weights and denominators are global as above; gradients are summed over ranks by FSDP's reduce-scatter.
+Checkpoints are then sharded (trainer/sharded_checkpoint.py, torch.distributed.checkpoint).
+
 Routed experts: `Segment.routed_experts[i]` is taken as the routing of the forward that produced token
 i, i.e. of input position i-1 (what an engine records at the decode step that samples token i); it is
 replayed at that position. Positions without a record use the trainer's own routing.
@@ -37,20 +44,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from flywheel.config import TrainerConfig
 from flywheel.numerics.batch_invariant import BatchInvariantForward, check_model
 from flywheel.policy.logprobs import logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
+from flywheel.trainer import sharded_checkpoint as sckpt
 from flywheel.trainer.advantages import compute_advantages, weight_negatives
+from flywheel.trainer.distributed import RankGroup, assign_micro_batches, local_state_bytes, loss_scale
 from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
+from flywheel.trainer.packing import pack_by_tokens, packed_layout
 from flywheel.trainer.replay import moe_routers, router_replay
 from flywheel.trainer.schedule import warmup_factor
 from flywheel.types import Trajectory
@@ -122,7 +134,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, run_dir: Path | None = None, ref_model=None, *,
                  extra_state_fn: Callable[[], dict[str, Any]] | None = None, pad_token_id: int = 0,
-                 temperature: float = 1.0, batch_invariant: bool = False):
+                 temperature: float = 1.0, batch_invariant: bool = False, group: RankGroup | None = None):
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("trainer.kl_coef > 0 needs a reference model (ref_model=...); or set kl_coef = 0")
         self.model = model
@@ -132,6 +144,7 @@ class Trainer:
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.extra_state_fn = extra_state_fn
+        self.group = group  # None: one process; else a sharded rank (model wrapped by distributed.shard_model)
         self.pad_token_id = pad_token_id
         self.temperature = temperature  # the sampler's: log-probs must be of the same distribution
         # numerics.batch_invariant: score with the engine's native math (bit-identical log-probs)
@@ -141,6 +154,12 @@ class Trainer:
             if cfg.dtype != "float32":
                 raise ValueError("numerics.batch_invariant computes in float32 like the engine; set trainer.dtype = "
                                  "'float32' or numerics.batch_invariant = false")
+            if cfg.pack_sequences:
+                raise ValueError("numerics.batch_invariant scores right-padded rows; set trainer.pack_sequences = "
+                                 "false or numerics.batch_invariant = false")
+            if group is not None:
+                raise ValueError("numerics.batch_invariant reads whole weight tensors, which a sharded trainer never "
+                                 "holds; set numerics.batch_invariant = false or trainer.world_size = 1")
             for m in (model, ref_model):
                 if m is not None:
                     check_model(m)
@@ -149,6 +168,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
         self.version = 0
+        self.state_bytes: dict[str, int] = {}
         self._moe_shape = None
         if is_moe(model):  # sampler routing is collated for replay and for the agreement metric
             routers = moe_routers(model)
@@ -157,9 +177,13 @@ class Trainer:
     # ------------------------------------------------------------------ forward helpers
 
     def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bfloat16")
+        # sharded: FSDP's MixedPrecisionPolicy casts the parameters instead (distributed.shard_model)
+        on = self.cfg.dtype == "bfloat16" and self.group is None
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on)
 
     def _collate(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        if self.cfg.pack_sequences:
+            return self._collate_packed(rows)
         t = max(len(r.input_ids) for r in rows)
         ids = torch.full((len(rows), t), self.pad_token_id, dtype=torch.long)
         attn = torch.zeros((len(rows), t), dtype=torch.long)
@@ -179,6 +203,26 @@ class Trainer:
                         experts[b, pos] = torch.tensor(e)
         return {"input_ids": ids.to(self.device), "attention_mask": attn.to(self.device), "experts": experts}
 
+    def _experts_of(self, r: Row) -> torch.Tensor:
+        """A row's replayed routing [L, layers, k] (-1 = the trainer's own)."""
+        out = torch.full((len(r.input_ids), *self._moe_shape), -1, dtype=torch.long)
+        for pos, e in enumerate(r.routed_experts or []):
+            if e:
+                if len(e) != self._moe_shape[0] or any(len(k) != self._moe_shape[1] for k in e):
+                    raise ValueError(f"routed experts per token must be [{self._moe_shape[0]} layers][top-"
+                                     f"{self._moe_shape[1]}]; got {[len(k) for k in e]}")
+                out[pos] = torch.tensor(e)
+        return out
+
+    def _collate_packed(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        """One sequence of the rows concatenated (packing.py): no attention mask, positions restart per row."""
+        ids, pos, unpack = packed_layout([r.input_ids for r in rows])
+        experts = None
+        if self._moe_shape is not None and any(r.routed_experts for r in rows):
+            experts = torch.cat([self._experts_of(r) for r in rows])[None]
+        return {"input_ids": ids.to(self.device), "attention_mask": None, "position_ids": pos.to(self.device),
+                "unpack": unpack.to(self.device), "experts": experts}
+
     def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool, measure: bool = False):
         """Target log-probs [b, T-1] (fp32) and the router agreement stats of this forward (`num_agree`,
         `num_replayed`, per-layer `layer_agree` / `layer_replayed`). The sampler's routing is replayed when
@@ -192,8 +236,11 @@ class Trainer:
             logits, stats = fwd(mb["input_ids"], experts, apply_replay=apply)
             return logprobs_from_logits(logits[:, :-1], mb["input_ids"][:, 1:], self.temperature), stats
         with router_replay(model, experts, apply=apply) as stats, self._autocast():
-            out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
+            out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                        position_ids=mb.get("position_ids"), use_cache=False)
             lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.temperature)
+        if "unpack" in mb:  # packed: each row's target log-probs, back in the padded [rows, T - 1] layout
+            lp = lp[0, mb["unpack"]]
         return lp, stats
 
     @staticmethod
@@ -203,21 +250,30 @@ class Trainer:
             out[b, :len(r)] = torch.as_tensor(r, dtype=torch.float32)
         return out
 
+    def _filler(self) -> dict[str, torch.Tensor]:
+        """A two-token micro-batch run with zero weight by a rank that has fewer micro-batches than another: every
+        FSDP forward and backward is a collective, so all ranks must run as many."""
+        return self._collate([Row(0, [self.pad_token_id] * 2, [0], [0.0], None)])
+
     def _update(self, groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv) -> tuple[dict[str, float], float]:
-        """One optimizer step: forward/backward per micro-batch (gradients accumulate), clip, step."""
+        """One optimizer step: forward/backward per micro-batch (gradients accumulate), clip, step. `groups` and
+        `micro` are this rank's; a None group is a filler."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0}
         for g, mb in zip(groups, micro):
             lp, _ = self._logprobs(self.model, mb, replay=True)
+            if g is None:
+                (lp.sum() * 0.0).backward()  # exact zero gradients; the collectives still run
+                continue
             tt = lp.shape[1]
-            dev = lambda x: x[g, :tt].to(self.device)  # noqa: E731
+            dev = lambda x, g=g, tt=tt: x[g, :tt].to(self.device)  # noqa: E731
             loss, m = policy_loss(
                 lp, dev(old), dev(sampler), row_adv[g].to(self.device), dev(mask),
                 clip_eps_low=self.cfg.clip_eps_low, clip_eps_high=self.cfg.clip_eps_high,
                 ref_logprobs=dev(ref) if ref is not None else None, kl_coef=self.cfg.kl_coef,
                 is_weights=dev(is_w), row_weights=row_w[g].to(self.device))
-            loss.backward()
+            (loss * loss_scale(self.group)).backward()  # FSDP averages over ranks; the loss needs their sum
             n = m["num_tokens"]
             sums["loss"] += m["loss"]
             sums["pg_loss"] += m["pg_loss"]
@@ -225,9 +281,16 @@ class Trainer:
             sums["clip"] += m["clip_frac"] * n
             sums["ratio"] += m["ratio_mean"] * n
         self.model.eval()
+        if self.group is not None:
+            keys = list(sums)
+            total = self.group.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+            sums = dict(zip(keys, total.tolist()))
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # DTensor grads: a norm over all shards
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         self.optimizer.step()
+        # this rank's parameter, gradient and optimizer bytes at their peak (gradients still held); bench trainer
+        self.state_bytes = local_state_bytes(self.model, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return sums, grad_norm
 
@@ -251,8 +314,18 @@ class Trainer:
         rewards = [t.reward.value for t in good]
         advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
         advantages = weight_negatives(advantages, self.cfg.negative_weight)
-        groups = pack_micro_batches([len(r.input_ids) for r in rows], self.cfg.micro_batch_tokens)
-        micro = [self._collate([rows[i] for i in g]) for g in groups]
+        lengths = [len(r.input_ids) for r in rows]
+        pack = pack_by_tokens if self.cfg.pack_sequences else pack_micro_batches
+        all_groups = pack(lengths, self.cfg.micro_batch_tokens)
+        costs = [sum(lengths[i] for i in g) if self.cfg.pack_sequences else len(g) * max(lengths[i] for i in g)
+                 for g in all_groups]  # tokens each micro-batch's forward processes, padding included
+        # this rank's micro-batches (all of them on one process), then fillers up to the busiest rank's count
+        groups: list[list[int] | None] = list(all_groups)
+        if self.group is not None:
+            dealt = assign_micro_batches(costs, self.group.world_size)
+            groups = [all_groups[i] for i in dealt[self.group.rank]]
+            groups += [None] * (max(map(len, dealt)) - len(groups))
+        micro = [self._collate([rows[i] for i in g]) if g is not None else self._filler() for g in groups]
 
         # 1. old (and reference) log-probs under the current weights, no grad
         t_max = max(len(r.mask) for r in rows)
@@ -264,6 +337,10 @@ class Trainer:
         with torch.no_grad():
             for g, mb in zip(groups, micro):
                 lp, st = self._logprobs(self.model, mb, replay=True, measure=True)
+                if g is None:
+                    if ref is not None:
+                        self._logprobs(self.ref_model, mb, replay=False)
+                    continue
                 if st.layer_replayed:
                     layer_agree = [a + b for a, b in zip(st.layer_agree, layer_agree or [0] * len(st.layer_agree))]
                     layer_replayed = [a + b for a, b in
@@ -271,6 +348,15 @@ class Trainer:
                 old[g, :lp.shape[1]] = lp.cpu()
                 if ref is not None:
                     ref[g, :lp.shape[1]] = self._logprobs(self.ref_model, mb, replay=False)[0].cpu()
+        if self.group is not None:  # each rank filled its own rows; the others are 0, so a sum completes them
+            self.group.all_reduce_sum(old)
+            if ref is not None:
+                self.group.all_reduce_sum(ref)
+            if self._moe_shape is not None:
+                n = self._moe_shape[0]
+                agree = torch.tensor((layer_agree or [0] * n) + (layer_replayed or [0] * n), dtype=torch.long)
+                agree = self.group.all_reduce_sum(agree).tolist()
+                layer_agree, layer_replayed = agree[:n], agree[n:]
         mask = self._pad([r.mask for r in rows], t_max).bool()
         sampler = self._pad([r.sampler_logprobs for r in rows], t_max)
         seq_ids = torch.tensor([r.seq for r in rows])
@@ -305,8 +391,9 @@ class Trainer:
             "reward_mean": float(torch.tensor(rewards).float().mean()),
             "advantage_abs_mean": float(advantages.abs().mean()),
             "num_trajectories": float(len(good)), "num_skipped": float(num_skipped),
-            "num_rows": float(len(rows)), "num_micro_batches": float(len(groups)),
+            "num_rows": float(len(rows)), "num_micro_batches": float(len(all_groups)),
             "num_tokens": float(num_tokens), "num_loss_tokens": float(int(mask.sum())),
+            "num_padded_tokens": float(sum(costs)),
             "update_epochs": float(self.cfg.update_epochs),
             "staleness_mean": float(sum(staleness) / len(staleness)) if staleness else 0.0,
             "staleness_max": float(max(staleness)) if staleness else 0.0,
@@ -342,10 +429,19 @@ class Trainer:
         return self.run_dir / "checkpoints"
 
     def save_checkpoint(self, extra_state: dict[str, Any] | None = None) -> Path:
-        """Write model, optimizer, RNG and `extra_state` (JSON) atomically; returns the checkpoint dir."""
+        """Write model, optimizer, RNG and `extra_state` (JSON) atomically; returns the checkpoint dir.
+        Sharded: a collective, every rank calls it (`extra_state` is rank 0's) and writes its own shards."""
+        trainer_state = {"cfg": self.cfg.model_dump(mode="json")}
+        if self.group is not None:
+            path = sckpt.write_sharded(self.checkpoint_dir, self.version, self.model, self.optimizer, self.group,
+                                       trainer_state, extra_state)
+            if self.group.is_main:
+                ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
+            self.group.barrier()
+            return path
         path = ckpt.write_checkpoint(self.checkpoint_dir, self.version, self.state_dict_for_publish(),
                                      self.optimizer.state_dict(),
-                                     trainer_state={"cfg": self.cfg.model_dump(mode="json")}, extra_state=extra_state)
+                                     trainer_state=trainer_state, extra_state=extra_state)
         ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
         return path
 
@@ -354,7 +450,15 @@ class Trainer:
         path = Path(path) if path is not None else ckpt.latest_checkpoint(self.checkpoint_dir)
         if path is None:
             raise ValueError(f"no checkpoint under '{self.checkpoint_dir}'; train first or start a fresh run")
+        if sckpt.is_sharded(path):  # saved by a sharded trainer, at this or any other world size
+            state = sckpt.read_sharded(path, self.model, self.optimizer, self.group)
+            self.version = int(state["version"])
+            return state["extra"]
         state = ckpt.read_checkpoint(path)
+        if self.group is not None:  # a run that grows from one process to a group: each rank keeps its shards
+            sckpt.load_single_process(state, self.model, self.optimizer)
+            self.version = int(state["version"])
+            return state["extra"]
         fit = "; build the model with the run's config"
         try:
             missing, unexpected = self.model.load_state_dict(state["model"], strict=False)

@@ -397,6 +397,11 @@ def _decode_sparse_v1(sec: list, plane, old: np.ndarray, out: np.ndarray, k: int
     return out
 
 
+def chunk_num_changed(blob: bytes) -> int:
+    """Elements a delta chunk changes (its header's count; the element count for an anchor chunk)."""
+    return int(_HEADER.unpack_from(blob, 0)[6])
+
+
 def chunk_ranges(num_elements: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """[start, stop) element ranges of at most `chunk_bytes` each (at least one, even for empty tensors)."""
     step = max(1, chunk_bytes // itemsize)

@@ -5,7 +5,8 @@
 
 Layout: `chunks/<id[:2]>/<id>` (id = sha256 of the chunk bytes, so a chunk is verified by its name
 and identical chunks are stored once) and `versions/<version:012d>.json`. A manifest names, per
-tensor, its dtype, shape, sha256 of the raw bytes, the element count per chunk and two chunk lists:
+tensor, its dtype, shape, hash of the raw bytes (format 2: a chunk-tree sha256, weights/tensors.py), the element
+count per chunk and two chunk lists:
 `full` (an anchor: decodable alone) and `delta` (against the manifest's `base` version). Writers put
 every chunk first and the manifest last; on a local disk the manifest goes to a hidden temporary file
 and is renamed into place (atomic), on object stores a single PUT is atomic. So a reader that lists
@@ -26,7 +27,8 @@ from typing import Any
 
 import fsspec
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: tensor hashes are chunk-tree hashes (weights/tensors.py); 1 is still read
+READ_FORMATS = (1, 2)
 
 
 class StoreError(OSError):
@@ -234,8 +236,8 @@ def referenced_chunks(manifest: dict[str, Any]) -> set[str]:
 
 def check_manifest(m: Any) -> None:
     """Refuse a manifest that is not well formed (a reader must not crash on it later)."""
-    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
-        raise StoreError(f"not a flywheel manifest of format {MANIFEST_FORMAT}")
+    if not isinstance(m, dict) or m.get("format") not in READ_FORMATS:
+        raise StoreError(f"not a flywheel manifest of format {' or '.join(map(str, READ_FORMATS))}")
     if not isinstance(m.get("version"), int) or not isinstance(m.get("tensors"), dict):
         raise StoreError("manifest lacks an int 'version' or a 'tensors' table")
     if not m.get("anchor") and not isinstance(m.get("base"), int):

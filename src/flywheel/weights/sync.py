@@ -24,22 +24,20 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
-from flywheel.weights.codec import CodecError
+from flywheel.weights.codec import CodecError, chunk_num_changed
 from flywheel.weights.store import MANIFEST_FORMAT, StoreError, WeightStore, chunk_id
-from flywheel.weights.tensors import (bits_hash, decode_tensor, dtype_name, encode_tensor, from_bits,
-                                      to_bits)
+from flywheel.weights.tensors import decode_tensor, dtype_name, encode_tensor, from_bits, manifest_hash, tensor_hash, to_bits
 
 log = logging.getLogger(__name__)
-_NUM_CHANGED = struct.Struct("<4sBBBBQQ")
 
 
 class IntegrityError(ValueError):
@@ -99,7 +97,7 @@ class Publisher:
             self._last_requested = existing
 
     @classmethod
-    def from_config(cls, store: WeightStore | str, cfg: Any, **kwargs: Any) -> "Publisher":
+    def from_config(cls, store: WeightStore | str, cfg: Any, **kwargs: Any) -> Publisher:
         """Build from a `WeightsConfig`."""
         return cls(store, cfg.anchor_every, chunk_mb=cfg.chunk_mb, zstd_level=cfg.zstd_level,
                    num_threads=cfg.num_threads, keep_versions=cfg.keep_versions, **kwargs)
@@ -140,7 +138,7 @@ class Publisher:
         raw_bytes = delta_bytes = full_bytes = num_changed = 0
         for name, (bits, dt, shape) in snap.items():
             chunk_elems = max(1, self.chunk_bytes // bits.dtype.itemsize)
-            entry: dict[str, Any] = {"dtype": dt, "shape": list(shape), "hash": bits_hash(bits),
+            entry: dict[str, Any] = {"dtype": dt, "shape": list(shape), "hash": tensor_hash(bits, chunk_elems),
                                      "chunk_elems": chunk_elems, "full": None, "delta": None}
             raw_bytes += bits.nbytes
             if anchor:
@@ -152,7 +150,7 @@ class Publisher:
                 parts = encode_tensor(bits, prev[name][0], self.chunk_bytes, self.zstd_level, self._pool)
                 entry["delta"] = [[chunk_id(b), len(b)] for b in parts]
                 delta_bytes += sum(len(b) for b in parts)
-                num_changed += sum(_NUM_CHANGED.unpack_from(b, 0)[-1] for b in parts)
+                num_changed += sum(chunk_num_changed(b) for b in parts)
                 blobs += parts
             tensors[name] = entry
         encode_ms = (time.perf_counter() - t0) * 1e3
@@ -193,7 +191,7 @@ class Publisher:
             self._worker.shutdown(wait=True)
             self._pool.shutdown(wait=True)
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -225,7 +223,7 @@ class Subscriber:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_config(cls, source: Any, engine: Any, cfg: Any, **kwargs: Any) -> "Subscriber":
+    def from_config(cls, source: Any, engine: Any, cfg: Any, **kwargs: Any) -> Subscriber:
         return cls(source, engine, streams=cfg.relay_streams, num_threads=cfg.num_threads, **kwargs)
 
     @property
@@ -306,7 +304,8 @@ class Subscriber:
                 new[name] = (decode_tensor(blobs, old, n, size, t["chunk_elems"], self._decode), dt, shape)
             state = new
         final = steps[-1][0]
-        hashes = self._decode.map(lambda item: bits_hash(item[1][0]), state.items())
+        fmt = final["format"]
+        hashes = self._decode.map(lambda item: manifest_hash(item[1][0], final["tensors"][item[0]], fmt), state.items())
         bad = [name for name, h in zip(state, hashes) if h != final["tensors"][name]["hash"]]
         if bad:
             raise IntegrityError(f"version {final['version']}: {len(bad)} tensors fail their sha256 ({bad[:3]})")
@@ -369,7 +368,7 @@ class Subscriber:
                 log.exception("weight subscriber poll failed")
             self._stop.wait(self.poll_interval_s)
 
-    def start(self) -> "Subscriber":
+    def start(self) -> Subscriber:
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="weights-subscriber", daemon=True)
