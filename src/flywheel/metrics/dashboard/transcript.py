@@ -122,6 +122,8 @@ def _turns(seg, decoder: TokenDecoder) -> list[dict[str, Any]]:
     out = []
     for t in turns:
         text = "".join(t["text"]).rstrip("\n")
+        if t["header"] or (not text.strip() and not t["tokens"]):
+            continue  # a generation prompt (`<|im_start|>assistant\n`) closed unanswered (a summary request)
         role = t["role"].strip() or "?"
         turn: dict[str, Any] = {"role": role, "text": text[:MAX_TURN_CHARS],
                                 "truncated": len(text) > MAX_TURN_CHARS}

@@ -1,0 +1,154 @@
+"""Real run directories, a real dashboard server and a real headless Chromium, for the dashboard's browser tests.
+
+Chromium is Debian's package (`make setup` installs it when missing and root); Playwright drives it through
+`executable_path`, so no browser is ever downloaded. The flags keep a root, GPU-less, offline machine quiet:
+without `--disable-background-networking` and friends Chromium opens many connections that are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from flywheel.bench.sessions import scripted_group
+from flywheel.config import EnvConfig, load_config, save_config
+from flywheel.envs.synth import generate_tasks
+from flywheel.envs.tools import tools_for
+from flywheel.orchestrator.loop import AdmittedLog, run_rl
+from flywheel.pipeline.evaluation import evaluate_model
+from flywheel.policy.chat import ChatFormat
+from flywheel.policy.model import build_model, save_model
+from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer
+
+CHROMIUM = os.environ.get("FLYWHEEL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ENV = EnvConfig(sandbox="local", tools="core")
+
+
+def launch_chromium(playwright):
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
+                           "(`apt-get install -y chromium`; `make setup` does it as root), or FLYWHEEL_CHROMIUM")
+    profile = tempfile.mkdtemp(prefix="flywheel-chromium-")
+    context = playwright.chromium.launch_persistent_context(
+        profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+    return context, profile
+
+
+def run_config(run_dir: Path, tokenizer_dir: Path, mode: str, num_steps: int):
+    return load_config(None, [
+        "--run_dir", str(run_dir), "--tokenizer.path", str(tokenizer_dir), "--orchestrator.mode", mode,
+        "--orchestrator.drop_uniform_groups", "false", "--orchestrator.max_staleness", "8",
+        "--env.tools", "core", "--env.sandbox", "local", "--rollout.group_size", "2", "--rollout.max_turns", "2",
+        "--rollout.max_new_tokens", "16", "--rollout.concurrency", "4", "--trainer.batch_size", "4",
+        "--trainer.num_steps", str(num_steps), "--trainer.lr", "1e-3"])
+
+
+class Base:
+    """A tokenizer, a random tiny policy and tasks: what every run here starts from."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        tok = train_tokenizer(default_corpus(200_000), 512)
+        save_tokenizer(tok, root / "tokenizer")
+        cfg = load_config(None, ["--model.preset", "tiny"])
+        save_model(build_model(cfg.model, len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
+                   root / "model")
+        self.tasks = generate_tasks(6, seed=3, split="train", difficulty="easy")
+        self.heldout = generate_tasks(3, seed=4, split="heldout", difficulty="easy")
+        self.chat = ChatFormat(tok, tools_for(ENV))
+
+    def run(self, run_dir: Path, mode: str, num_steps: int, evals: bool = False) -> dict:
+        """A real RL run (run_rl writes metrics.jsonl and trajectories/), optionally held-out evals around it."""
+        cfg = run_config(run_dir, self.root / "tokenizer", mode, num_steps)
+        save_config(cfg, run_dir)
+        if evals:
+            tok = load_tokenizer(self.root / "tokenizer")
+            evaluate_model(cfg, self.root / "model", tok, self.heldout, run_dir / "cache" / "eval",
+                           run_dir / "eval_before.jsonl")
+        out = run_rl(cfg, run_dir, self.root / "model", self.root / "tokenizer", self.tasks)
+        if evals:
+            evaluate_model(cfg, run_dir / "final_model", tok, self.heldout, run_dir / "cache" / "eval",
+                           run_dir / "eval_after.jsonl")
+        return out
+
+    def append_scripted_group(self, run_dir: Path, version: int, seed: int = 0) -> list:
+        """A group of scripted-policy sessions (real harness and grader), appended as the loop appends groups."""
+        group = scripted_group(self.chat, self.tasks[0], ENV, run_dir / "cache" / "scripted", version=version,
+                               seed=seed)
+        log = AdmittedLog(run_dir / "trajectories" / "admitted.jsonl")
+        log.append(group)
+        log.close()
+        return group
+
+
+def make_bad_runs(root: Path, good: Path) -> None:
+    """A half-written run (config only, a torn trajectory line) and one whose metrics.jsonl has a corrupt line."""
+    half = root / "half-written"
+    (half / "trajectories").mkdir(parents=True)
+    shutil.copy(good / "config.json", half / "config.json")
+    first = (good / "trajectories" / "admitted.jsonl").read_bytes().split(b"\n")[0]
+    (half / "trajectories" / "admitted.jsonl").write_bytes(first[: len(first) // 2])  # no newline: being written
+    corrupt = root / "corrupt-metrics"
+    corrupt.mkdir()
+    shutil.copy(good / "config.json", corrupt / "config.json")
+    lines = (good / "metrics.jsonl").read_text().splitlines()
+    (corrupt / "metrics.jsonl").write_text("\n".join([lines[0], '{"step": 2, "loss": 0.5, "trainer/bu', *lines[1:]])
+                                           + "\n[1, 2, 3]\n" + '{"step": 99, "lo')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`flywheel dashboard ROOT` in a child process on a free loopback port."""
+
+    def __init__(self, root: Path, *extra: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log = open(Path(tempfile.mkdtemp()) / "dashboard.log", "w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "flywheel.cli", "dashboard", str(root), "--port",
+                                      str(self.port), "--poll-s", "0.2", *extra], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the dashboard exited with {self.proc.returncode}: {self.output()}")
+            try:
+                self.get("api/runs")
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the dashboard did not answer within 60 s: {self.output()}")
+
+    def get(self, path: str, headers: dict | None = None):
+        req = urllib.request.Request(self.url + path, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
