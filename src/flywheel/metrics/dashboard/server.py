@@ -34,6 +34,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_PAGE = 500  # rollout rows per request
 _FILTERS = {"task": str, "group": str, "bucket": str, "flag": str, "min_reward": float, "max_reward": float,
             "min_version": int, "max_version": int, "min_tokens": int, "max_tokens": int}
+_POLLER = web.AppKey("poller", asyncio.Task)
 _SORTS = ("id", "reward", "version", "sampled_tokens", "turns", "tokens")
 
 
@@ -231,10 +232,10 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
         return resp
 
     async def start_poller(app):
-        app["poller"] = asyncio.create_task(dash.poll_forever())
+        app[_POLLER] = asyncio.create_task(dash.poll_forever())
 
     async def stop_poller(app):
-        app["poller"].cancel()
+        app[_POLLER].cancel()
 
     app = web.Application(middlewares=[guard])
     app.add_routes([web.get("/", index), web.get("/api/runs", runs), web.get("/api/run/{name}", run_detail),

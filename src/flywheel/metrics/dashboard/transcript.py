@@ -112,9 +112,8 @@ def _turns(seg, decoder: TokenDecoder) -> list[dict[str, Any]]:
             else:
                 cur["role"] += texts[i]
             continue
-        if tid == decoder.im_end:
-            continue
-        cur["text"].append(texts[i])
+        if tid != decoder.im_end:  # the end-of-turn token is no text, but when sampled it keeps its log-prob
+            cur["text"].append(texts[i])
         if seg.loss_mask[i]:
             cur["tokens"].append([texts[i], round(seg.logprobs[i], 4), seg.versions[i]])
         elif cur["tokens"]:
