@@ -1,21 +1,11 @@
-"""Real run directories, a real dashboard server and a real headless Chromium, for the dashboard's browser tests.
+"""Real run directories for the dashboard's browser tests: a tiny RL run, scripted sessions, broken runs.
 
-Chromium is Debian's package (`make setup` installs it when missing and root); Playwright drives it through
-`executable_path`, so no browser is ever downloaded. The flags keep a root, GPU-less, offline machine quiet:
-without `--disable-background-networking` and friends Chromium opens many connections that are refused.
+The server and the browser come from flywheel.bench.browser (the benchmark uses the same ones).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from flywheel.bench.sessions import scripted_group
@@ -28,20 +18,7 @@ from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import build_model, save_model
 from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer
 
-CHROMIUM = os.environ.get("FLYWHEEL_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ENV = EnvConfig(sandbox="local", tools="core")
-
-
-def launch_chromium(playwright):
-    if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"{CHROMIUM} is missing: the browser tests need Debian's chromium "
-                           "(`apt-get install -y chromium`; `make setup` does it as root), or FLYWHEEL_CHROMIUM")
-    profile = tempfile.mkdtemp(prefix="flywheel-chromium-")
-    context = playwright.chromium.launch_persistent_context(
-        profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
-    return context, profile
 
 
 def run_config(run_dir: Path, tokenizer_dir: Path, mode: str, num_steps: int):
@@ -106,49 +83,3 @@ def make_bad_runs(root: Path, good: Path) -> None:
                                            + "\n[1, 2, 3]\n" + '{"step": 99, "lo')
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`flywheel dashboard ROOT` in a child process on a free loopback port."""
-
-    def __init__(self, root: Path, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.log = open(Path(tempfile.mkdtemp()) / "dashboard.log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "flywheel.cli", "dashboard", str(root), "--port",
-                                      str(self.port), "--poll-s", "0.2", *extra], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the dashboard exited with {self.proc.returncode}: {self.output()}")
-            try:
-                self.get("api/runs")
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the dashboard did not answer within 60 s: {self.output()}")
-
-    def get(self, path: str, headers: dict | None = None):
-        req = urllib.request.Request(self.url + path, headers=headers or {})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()[-3000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()

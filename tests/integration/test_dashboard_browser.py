@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from dashboard_fixtures import Base, Server, launch_chromium, make_bad_runs
+from dashboard_fixtures import Base, make_bad_runs
+from flywheel.bench.browser import DashboardProcess as Server, launch_chromium
 from flywheel.metrics.log import MetricsLog, read_metrics
 from flywheel.orchestrator.loop import AdmittedLog
 
