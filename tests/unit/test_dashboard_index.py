@@ -175,3 +175,18 @@ def test_the_decoder_is_found_from_the_run_config(tok, tmp_path):
     save_tokenizer(tok, tmp_path / "tk")
     assert TokenDecoder.for_run(tmp_path / "run", {"tokenizer": {"path": str(tmp_path / "tk")}}) is not None
     assert TokenDecoder.for_run(tmp_path / "run", {}) is None
+
+
+def test_reading_in_small_chunks_gives_the_same_lines(tmp_path, monkeypatch):
+    import flywheel.metrics.dashboard.runindex as runindex
+
+    path = tmp_path / "t.jsonl"
+    lines = [json.dumps({"i": i, "pad": "x" * (i * 7 % 23)}) for i in range(40)]
+    path.write_text("\n".join(lines) + "\n" + '{"torn": ')
+    monkeypatch.setattr(runindex, "CHUNK", 16)  # smaller than most lines
+    tail = JsonlTail(path)
+    got = list(tail.read_new())
+    assert [json.loads(line) for _, _, line in got] == [json.loads(x) for x in lines]
+    raw = path.read_bytes()
+    assert all(raw[off:off + len(line)] == line for _, off, line in got)
+    assert tail.pending == len('{"torn": ') and tail.offset == len(raw) - tail.pending

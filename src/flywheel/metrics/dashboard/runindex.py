@@ -24,7 +24,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from flywheel.types import Trajectory
 
@@ -34,6 +34,7 @@ _NEXT_TRAJ = b'}, {"task_id": '
 _VERSIONS = b'"versions": ['
 _TOKEN_IDS = b'"token_ids": ['
 _FIRST_SAMPLED = re.compile(rb"(?:-1, )*(\d+)")  # versions: -1 where not sampled, then the first weight version
+CHUNK = 8 << 20  # bytes read at a time when indexing
 MAX_PROBLEMS = 50  # problems kept per file (the first ones; the count goes on)
 
 
@@ -57,36 +58,45 @@ class JsonlTail:
         self.num_bad = 0
         self.pending = 0  # bytes after the last newline: a line being written
 
-    def read_new(self) -> list[tuple[int, int, bytes]]:
-        """(line number, byte offset, line) for each complete line appended since the last call."""
+    def read_new(self) -> Iterator[tuple[int, int, bytes]]:
+        """(line number, byte offset, line) for each complete line appended since the last call.
+
+        Read in chunks of CHUNK bytes, so indexing a file of gigabytes holds one chunk (or one line) at a time."""
         try:
             size = self.path.stat().st_size
         except OSError:
-            return []
+            return
         if size < self.offset:  # truncated or replaced: start again
             self.offset, self.num_lines, self.num_bad, self.problems = 0, 0, 0, []
+        self.pending = 0
         if size == self.offset:
-            self.pending = 0
-            return []
+            return
         try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read(size - self.offset)
+            f = self.path.open("rb")
         except OSError as err:
-            self.problem(0, f"cannot read: {err}")
-            return []
-        end = data.rfind(b"\n")
-        self.pending = len(data) - end - 1
-        out = []
-        pos = 0
-        while pos <= end:
-            nl = data.index(b"\n", pos)
-            self.num_lines += 1
-            if nl > pos:
-                out.append((self.num_lines, self.offset + pos, data[pos:nl]))
-            pos = nl + 1
-        self.offset += end + 1
-        return out
+            self.problem(0, f"cannot be opened: {err}")
+            return
+        with f:
+            f.seek(self.offset)
+            carry = b""
+            while self.offset + len(carry) < size:
+                data = carry + f.read(min(CHUNK, size - self.offset - len(carry)))
+                if len(data) == len(carry):  # the file shrank while we read
+                    break
+                end = data.rfind(b"\n")
+                if end < 0:  # no complete line in this chunk (a long line, or one being written): read on
+                    carry = data
+                    continue
+                pos = 0
+                while pos <= end:
+                    nl = data.index(b"\n", pos)
+                    self.num_lines += 1
+                    if nl > pos:
+                        yield self.num_lines, self.offset + pos, data[pos:nl]
+                    pos = nl + 1
+                self.offset += end + 1
+                carry = data[end + 1:]
+            self.pending = len(carry)
 
     def problem(self, line: int, message: str) -> None:
         self.num_bad += 1
