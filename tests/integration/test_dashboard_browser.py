@@ -21,6 +21,7 @@ from playwright.sync_api import sync_playwright
 from dashboard_fixtures import Base, make_bad_runs
 from flywheel.bench.browser import DashboardProcess as Server, launch_chromium
 from flywheel.metrics.log import MetricsLog, read_metrics
+from flywheel.metrics.report import write_report
 from flywheel.orchestrator.loop import AdmittedLog
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -214,3 +215,22 @@ def test_an_empty_runs_directory_says_so(world, tmp_path):
     finally:
         page.close()
         server.stop()
+
+
+def test_the_static_report_browses_a_sample_of_transcripts_offline(page, world):
+    html_path = write_report(world["tiny"])
+    text = html_path.read_text()
+    assert "http://" not in text and "https://" not in text  # one file, nothing fetched
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(html_path.as_uri())
+    scripted = page.locator("tr.rollout-row", has_text=world["group"][0].task_id)
+    assert scripted.count() >= len(world["group"])  # the last group is always in the sample
+    page.locator("tr.rollout-row").first.click()
+    page.wait_for_selector(".transcript .verdict")
+    page.locator("tr.rollout-row .group-link").last.click()
+    page.wait_for_selector(".group-view")
+    assert page.locator(".group-view .member").count() == len(world["group"])
+    assert "tests_edited" in page.text_content(".group-view")
+    assert all(u.startswith("file://") or u.startswith("data:") for u in requests), requests
+    shot(page, "report")

@@ -131,13 +131,22 @@ function renderCharts(records) {
   }
 }
 
+// Charts are drawn when the overview is on screen (a page opened on the rollouts skips ~60 charts).
+function drawChartsIfShown() {
+  if (state.view !== "overview" || !state.detail) return;
+  if (state.chartsStale) renderCharts(state.detail.records);
+  state.chartsStale = false;
+}
+
 function appendRecords(records) {
   const all = state.detail.records;
   const before = keysOf(all).join();
   all.push(...records);
   renderTiles(all);
-  if (keysOf(all).join() !== before) renderCharts(all);
-  else for (const [k, u] of state.charts) u.setData(series(all, k));
+  if (keysOf(all).join() !== before || state.chartsStale) {
+    state.chartsStale = true;
+    drawChartsIfShown();
+  } else for (const [k, u] of state.charts) u.setData(series(all, k));
   showStep();
 }
 
@@ -174,7 +183,8 @@ async function loadRun(name) {
   renderSummary(d);
   renderTiles(d.records);
   renderBuckets(d.buckets);
-  renderCharts(d.records);
+  state.chartsStale = true;
+  drawChartsIfShown();
   showStep();
   const form = $("#filters");
   form.bucket.innerHTML = "<option value=''>any</option>" +
@@ -265,6 +275,7 @@ function show(view) {
   state.view = view;
   for (const v of ["overview", "rollouts", "compare"]) $(`#view-${v}`).hidden = v !== view;
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
+  if (view === "overview") drawChartsIfShown();
   if (view === "rollouts" && state.run) listRollouts();
   if (view === "compare") renderCompare();
 }

@@ -94,10 +94,12 @@ const FlywheelRollouts = (() => {
       verdict(view.reward, view.env_failure) +
       `<div class="meta">turns ${view.num_turns} · tool calls ${view.num_tool_calls} (errors ${view.num_tool_errors})` +
       ` · first sampled by version ${view.min_version} · ${meta}</div>` +
-      `<label>colour tokens <select class="colour-mode">` +
-      ["text", "logprob", "version"].map((m) => `<option value="${m}"${m === mode ? " selected" : ""}>${
-        {text: "plain text", logprob: "by sampler probability", version: "by weight version"}[m]}</option>`).join("") +
-      `</select></label> <span class="hint">train–inference mismatch per token is not stored in trajectories</span>`;
+      (maxVersion >= 0 && view.segments.some((s) => s.turns.some((t) => t.tokens)) ?
+        `<label>colour tokens <select class="colour-mode">` +
+        ["text", "logprob", "version"].map((m) => `<option value="${m}"${m === mode ? " selected" : ""}>${
+          {text: "plain text", logprob: "by sampler probability", version: "by weight version"}[m]}</option>`).join("") +
+        `</select></label> <span class="hint">train–inference mismatch per token is not stored in trajectories</span>`
+        : "");
     for (const seg of view.segments) {
       if (seg.after_summary) {
         html += `<div class="segment-mark">segment ${seg.index}: context rebuilt from the self-summary</div>`;
@@ -107,8 +109,8 @@ const FlywheelRollouts = (() => {
     html += "<h4>Final diff</h4>" + (view.diff ? `<pre class="diff">${esc(view.diff)}</pre>` :
       `<p class="hint">this run's trajectories do not record the final diff; the edits are the tool calls above</p>`);
     container.innerHTML = html + "</div>";
-    container.querySelector(".colour-mode").addEventListener("change",
-      (ev) => transcript(container, view, ev.target.value));
+    const select = container.querySelector(".colour-mode");
+    if (select) select.addEventListener("change", (ev) => transcript(container, view, ev.target.value));
   }
 
   function group(container, data) {
