@@ -55,6 +55,11 @@ class TokenDecoder:
         self._cache: dict[int, bytes] = {}
 
     @classmethod
+    def from_dir(cls, tokenizer_dir: str | Path) -> TokenDecoder:
+        """The decoder of a tokenizer directory (a HF dir with tokenizer.json)."""
+        return cls(Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")))
+
+    @classmethod
     def for_run(cls, run_dir: Path, config: dict[str, Any]) -> TokenDecoder | None:
         """The tokenizer a run used: `tokenizer.path` from its config, else `<run>/tokenizer`."""
         tok_cfg = config.get("tokenizer") if isinstance(config.get("tokenizer"), dict) else {}
@@ -170,3 +175,19 @@ def group_view(trajs: list[tuple[int, Trajectory]], decoder: TokenDecoder | None
         out.append({"id": traj_id, "reward": v["reward"], "env_failure": v["env_failure"], "turns": turns,
                     "num_segments": len(v["segments"]), "diff": v["diff"], "meta": v["meta"]})
     return out
+
+
+def transcript_text(view: dict[str, Any]) -> str:
+    """A transcript view as plain text (for trackers): the verdict, then every turn under its role."""
+    r = view["reward"]
+    head = f"task {view['task']} · group {view['group']} · "
+    head += (f"env failure: {view['env_failure']}" if view["env_failure"] else
+             "not graded" if r is None else
+             f"reward {r['value']:.3g} · tests {sum(v == 'passed' for v in r['tests'].values())}/{len(r['tests'])} "
+             f"passed · flags {', '.join(r['flags']) or 'none'}")
+    parts = [head]
+    for seg in view["segments"]:
+        if seg["after_summary"]:
+            parts.append(f"=== segment {seg['index']}: context rebuilt from the self-summary ===")
+        parts += [f"[{t['role']}]\n{t['text']}" for t in seg["turns"]]
+    return "\n\n".join(parts)
