@@ -82,6 +82,7 @@ def blue_pixels(page, key: str) -> int:
 def test_overview_charts_and_tiles_show_the_runs_metrics(page, world):
     records = read_metrics(world["tiny"] / "metrics.jsonl")
     open_run(page, world, "tiny")
+    page.wait_for_selector("body[data-charts='done']")
     shot(page, "overview")
     for key in ("loss", "rollout/reward_all", "staleness/mean", "weights/bytes_mb", "mismatch/k3"):
         xs, ys = page.evaluate("k => state.charts.get(k).data", key)
@@ -170,6 +171,7 @@ def test_live_view_picks_up_steps_while_a_run_writes_them(page, world):
     log.write({**last, "step": 3, "rollout/reward_all": 0.625, "time": last["time"] + 1})
     log.close()
     page.wait_for_function("document.querySelector('#live-step').textContent.startsWith('step 3 of 2')")
+    page.wait_for_selector("body[data-charts='done']")
     assert page.text_content('.tile[data-key="rollout/reward_all"] .value') == "0.625"
     assert page.evaluate("state.charts.get('loss').data[0]") == [1, 2, 3]
     assert not [u for u in requests if "/api/" in u], f"the update was fetched, not pushed: {requests}"
@@ -192,6 +194,7 @@ def test_bad_input_is_reported_and_the_server_keeps_serving(page, world):
     banner = page.text_content("#banner")
     assert "line 2 is not valid JSON" in banner and "JSON list, not an object" in banner
     records = read_metrics(world["tiny"] / "metrics.jsonl")
+    page.wait_for_selector("body[data-charts='done']")
     assert page.evaluate("state.charts.get('loss').data[0]") == [r["step"] for r in records]
     shot(page, "bad-input")
     open_run(page, world, "half-written")

@@ -351,6 +351,7 @@ class RunIndex:
         self.metrics = MetricsFile(self.path / "metrics.jsonl")
         self.trajectories = TrajectoryFiles(self.path / "trajectories")
         self._stamps: dict[str, float] = {}
+        self.generation = 0  # counts polls that found something new (caches key on it)
         self.poll()
 
     def _changed(self, name: str) -> bool:
@@ -366,7 +367,8 @@ class RunIndex:
     def poll(self) -> dict[str, int]:
         """Read what changed; returns the numbers of new metrics records and new trajectories."""
         changed_small = False
-        for name in ("config.json", "summary.json"):
+        evals = sorted(p.name for p in self.path.glob("eval_*.jsonl"))
+        for name in ("config.json", "summary.json", *evals):
             if self._changed(name):
                 changed_small = True
         if changed_small:
@@ -375,8 +377,11 @@ class RunIndex:
             self.summary = _read_json(self.path / "summary.json", self.file_problems)
             orch = self.config.get("orchestrator") if isinstance(self.config.get("orchestrator"), dict) else {}
             self.trajectories.bucket_key = str(orch.get("task_bucket_key") or "")
-        return {"records": self.metrics.poll(), "trajectories": self.trajectories.poll(),
-                "files": int(changed_small)}
+        changed = {"records": self.metrics.poll(), "trajectories": self.trajectories.poll(),
+                   "files": int(changed_small)}
+        if any(changed.values()):
+            self.generation += 1
+        return changed
 
     def status(self) -> list[str]:
         """Plain-language problems and notes for the page's banner (empty when all is well)."""

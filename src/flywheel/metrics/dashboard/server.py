@@ -160,12 +160,17 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
     async def runs(request):
         return _json({"root": str(dash.root), "runs": [run_overview(r) for r in dash.runs.values()]})
 
+    detail_cache: dict[str, tuple[int, str]] = {}  # run -> (generation, body): every open page asks for it
+
     async def run_detail(request):
         run = dash.run(request.match_info["name"])
-        return _json({**run_overview(run), "config": run.config, "summary": run.summary,
-                      "records": run.metrics.records, "facets": run.trajectories.facets(),
-                      "buckets": run.trajectories.buckets(),
-                      "evals": _evals_by_kind(run)})
+        cached = detail_cache.get(run.name)
+        if cached is None or cached[0] != run.generation:
+            body = json.dumps(_finite({**run_overview(run), "config": run.config, "summary": run.summary,
+                                       "records": run.metrics.records, "facets": run.trajectories.facets(),
+                                       "buckets": run.trajectories.buckets(), "evals": _evals_by_kind(run)}))
+            cached = detail_cache[run.name] = (run.generation, body)
+        return web.Response(text=cached[1], content_type="application/json")
 
     async def rollouts(request):
         run = dash.run(request.match_info["name"])

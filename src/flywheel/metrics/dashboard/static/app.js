@@ -105,18 +105,28 @@ function chartOpts(title, labels, width = 330) {
       points: {size: 4}}))]};
 }
 
+// Chart groups in the order an RL engineer reads them; groups not listed follow, by name.
+const GROUP_ORDER = ["rollout", "reward", "flags", "staleness", "mismatch", "trainer", "throughput", "weights",
+  "engine", "buffer", "node", "sandbox"];
+const FIRST_CHARTS = 8;  // drawn before the page counts as shown; the rest follow in batches, so a run with
+                         // many metrics paints at once and stays responsive
+
 function renderCharts(records) {
   for (const u of state.charts.values()) u.destroy();
   state.charts.clear();
+  const generation = state.chartGeneration = (state.chartGeneration || 0) + 1;
   const groups = new Map();
   for (const k of keysOf(records)) {
     const g = k.includes("/") ? k.split("/")[0] : "trainer";
     if (!groups.has(g)) groups.set(g, []);
     groups.get(g).push(k);
   }
+  const rank = (g) => GROUP_ORDER.includes(g) ? GROUP_ORDER.indexOf(g) : GROUP_ORDER.length;
+  const ordered = [...groups].sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b));
   const root = $("#charts");
   root.innerHTML = "";
-  for (const [g, keys] of groups) {
+  const todo = [];
+  for (const [g, keys] of ordered) {
     const box = document.createElement("div");
     box.className = "chart-group";
     box.innerHTML = `<h4>${R.esc(g)}</h4>`;
@@ -126,9 +136,22 @@ function renderCharts(records) {
       el.className = "chart";
       el.dataset.key = k;
       box.appendChild(el);
-      state.charts.set(k, new uPlot(chartOpts(k, [k]), series(records, k), el));
+      todo.push([k, el]);
     }
   }
+  const draw = ([k, el]) => state.charts.set(k, new uPlot(chartOpts(k, [k]), series(state.detail.records, k), el));
+  todo.splice(0, FIRST_CHARTS).forEach(draw);
+  const done = () => {
+    window.flywheelChartsDoneMs = performance.now();
+    document.body.dataset.charts = "done";
+  };
+  document.body.dataset.charts = "drawing";
+  const next = () => {
+    if (generation !== state.chartGeneration) return;  // re-rendered meanwhile
+    todo.splice(0, 6).forEach(draw);
+    if (todo.length) setTimeout(next, 0); else done();
+  };
+  if (todo.length) setTimeout(next, 0); else done();
 }
 
 // Charts are drawn when the overview is on screen (a page opened on the rollouts skips ~60 charts).
