@@ -30,3 +30,16 @@ def test_the_summary_reads_as_sentences_and_tables():
     assert "busy 50 % of that time" in html and "20 at 0, 12 at 1" in html and "midtrain 500 s" in html
     assert "<th>engine/busy</th><td>0.9</td>" in html and "<th>exact</th><td>0.5</td>" in html
     assert "{" not in html  # no raw JSON
+
+
+def test_progress_in_a_log_prints_an_eta(capsys, monkeypatch):
+    from flywheel.pipeline import job
+
+    now = [0.0]
+    monkeypatch.setattr(job.time, "monotonic", lambda: now[0])
+    p = job.Progress()
+    for done in (1, 2, 3):
+        now[0] = 100.0 + 10 * done  # 10 s per step
+        p.update("RL", done, 10, "reward 0.1")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["RL: 1/10 reward 0.1", "RL: 2/10 reward 0.1 eta 80 s", "RL: 3/10 reward 0.1 eta 70 s"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import random
 import statistics
 import subprocess
@@ -189,6 +190,7 @@ def _commit() -> str | None:
 
 def run(args: argparse.Namespace) -> dict:
     num = QUICK_NUM if args.quick else NUM
+    load_avg = [round(x, 2) for x in os.getloadavg()]  # the machine may be shared: say how busy it was
     with tempfile.TemporaryDirectory(prefix="flywheel-bench-dashboard-") as tmp:
         root = Path(tmp) / "runs"
         t0 = time.monotonic()
@@ -199,4 +201,4 @@ def run(args: argparse.Namespace) -> dict:
     summary = {k: figures[k] for k in ("first_paint_ms", "transcript_open_ms_p50", "server_rss_mb", "num_transcripts")}
     summary["targets_met"] = all(summary[k] <= v for k, v in TARGETS.items())
     return {"summary": summary, "targets": TARGETS, "measured": figures, "baseline": base, "run": written,
-            "command": f"flywheel bench dashboard{' --quick' if args.quick else ''}", "commit": _commit()}
+            "load_avg_at_start": load_avg, "command": f"flywheel bench dashboard{' --quick' if args.quick else ''}", "commit": _commit()}

@@ -36,7 +36,7 @@ const FlywheelRollouts = (() => {
     return table;
   }
 
-  function verdict(reward, envFailure) {
+  function verdict(reward, envFailure, compact = false) {
     if (envFailure) return `<div class="verdict env-failure">environment failure: ${esc(envFailure)}</div>`;
     if (!reward) return `<div class="verdict">not graded</div>`;
     const tests = Object.entries(reward.tests || {});
@@ -45,8 +45,8 @@ const FlywheelRollouts = (() => {
     return `<div class="verdict"><span class="reward">reward ${fmt(reward.value)}</span> ` +
       `<span>hidden tests ${passed}/${tests.length} passed</span> <span class="components">${comps}</span> ` +
       (reward.flags || []).map((f) => `<span class="flag">${esc(f)}</span>`).join(" ") +
-      `<table class="tests">${tests.map(([id, v]) =>
-        `<tr class="test ${esc(v)}"><td>${esc(id)}</td><td>${esc(v)}</td></tr>`).join("")}</table></div>`;
+      (compact ? "</div>" : `<table class="tests">${tests.map(([id, v]) =>
+        `<tr class="test ${esc(v)}"><td>${esc(id)}</td><td>${esc(v)}</td></tr>`).join("")}</table></div>`);
   }
 
   // colour of a sampled token: by probability (red = unlikely) or by the weight version that sampled it
@@ -116,7 +116,7 @@ const FlywheelRollouts = (() => {
   function group(container, data) {
     const cols = data.members.map((m) => {
       const turns = m.turns.map((t) => turnHtml(t, "text", 0)).join("");
-      return `<div class="member" data-id="${m.id}"><h4>#${m.id}</h4>${verdict(m.reward, m.env_failure)}${turns}</div>`;
+      return `<div class="member" data-id="${m.id}"><h4>#${m.id}</h4>${verdict(m.reward, m.env_failure, true)}${turns}</div>`;
     }).join("");
     container.innerHTML = `<div class="group-view"><h3>group ${esc(data.group)} · ${data.members.length} rollouts</h3>` +
       `<div class="members">${cols}</div></div>`;
