@@ -21,8 +21,8 @@ from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_token
 ENV = EnvConfig(sandbox="local", tools="core")
 
 
-def run_config(run_dir: Path, tokenizer_dir: Path, mode: str, num_steps: int):
-    return load_config(None, [
+def run_config(run_dir: Path, tokenizer_dir: Path, mode: str, num_steps: int, *extra: str):
+    return load_config(None, [*extra, 
         "--run_dir", str(run_dir), "--tokenizer.path", str(tokenizer_dir), "--orchestrator.mode", mode,
         "--orchestrator.drop_uniform_groups", "false", "--orchestrator.max_staleness", "8",
         "--env.tools", "core", "--env.sandbox", "local", "--rollout.group_size", "2", "--rollout.max_turns", "2",
@@ -44,9 +44,10 @@ class Base:
         self.heldout = generate_tasks(3, seed=4, split="heldout", difficulty="easy")
         self.chat = ChatFormat(tok, tools_for(ENV))
 
-    def run(self, run_dir: Path, mode: str, num_steps: int, evals: bool = False) -> dict:
-        """A real RL run (run_rl writes metrics.jsonl and trajectories/), optionally held-out evals around it."""
-        cfg = run_config(run_dir, self.root / "tokenizer", mode, num_steps)
+    def run(self, run_dir: Path, mode: str, num_steps: int, *extra: str, evals: bool = False) -> dict:
+        """A real RL run (run_rl writes metrics.jsonl and trajectories/), optionally held-out evals around it;
+        `extra`: more `--section.key value` overrides."""
+        cfg = run_config(run_dir, self.root / "tokenizer", mode, num_steps, *extra)
         save_config(cfg, run_dir)
         if evals:
             tok = load_tokenizer(self.root / "tokenizer")

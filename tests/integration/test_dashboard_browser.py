@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dashboard_fixtures import Base, make_bad_runs
 from flywheel.bench.browser import DashboardProcess as Server, launch_chromium
@@ -156,7 +157,9 @@ def test_live_view_picks_up_steps_while_a_run_writes_them(page, world):
     written; a step appended afterwards arrives by the event stream alone (no API request)."""
     open_run(page, world, "tiny")
     live = world["runs"] / "live"
-    thread = threading.Thread(target=world["base"].run, args=(live, "sync", 2), daemon=True)
+    # the loop also sends sample transcripts to a tracker: TensorBoard (tests/unit/test_trackers.py covers all three)
+    thread = threading.Thread(target=world["base"].run, daemon=True, args=(
+        live, "sync", 2, "--metrics.tensorboard", "true", "--metrics.transcripts_every", "1"))
     thread.start()
     page.wait_for_selector("#run-select option:text-is('live')", state="attached", timeout=60_000)
     page.select_option("#run-select", "live")
@@ -164,6 +167,10 @@ def test_live_view_picks_up_steps_while_a_run_writes_them(page, world):
                            timeout=120_000)
     thread.join(timeout=120)
     assert not thread.is_alive()
+    events = EventAccumulator(str(live / "events"))
+    events.Reload()
+    assert {"transcripts/best/text_summary", "transcripts/worst/text_summary"} <= set(events.Tags()["tensors"])
+    assert [e.step for e in events.Tensors("transcripts/best/text_summary")] == [1, 2]
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     last = read_metrics(live / "metrics.jsonl")[-1]
