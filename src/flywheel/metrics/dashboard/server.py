@@ -79,7 +79,7 @@ class Dashboard:
                 before = len(run.metrics.records)
                 changed = run.poll()
                 if any(changed.values()):
-                    events.append({"run": name, "records": run.metrics.records[before:],
+                    events.append({"run": name, "first": before, "records": run.metrics.records[before:],
                                    "num_rollouts": len(run.trajectories.rows), "notes": run.status(),
                                    "files_changed": bool(changed["files"])})
         return events

@@ -315,8 +315,12 @@ function connect() {
     if (ev.files_changed) return loadRun(state.run);
     banner(ev.notes || []);
     state.detail.num_rollouts = ev.num_rollouts;
-    if (ev.records && ev.records.length) appendRecords(ev.records);
-    else showStep();
+    // `first`: the index of the event's first record; the page may already hold some (it fetched the run after
+    // the server read them) or have missed some (then it fetches the run again)
+    const have = state.detail.records.length;
+    if (ev.first > have) return loadRun(state.run);
+    const fresh = (ev.records || []).slice(have - ev.first);
+    if (fresh.length) appendRecords(fresh); else showStep();
   });
 }
 
