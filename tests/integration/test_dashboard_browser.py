@@ -93,6 +93,9 @@ def test_overview_charts_and_tiles_show_the_runs_metrics(page, world):
     assert busy == f"{records[-1]['trainer/busy']:.3f}"
     assert page.text_content("#live-step").startswith("step 3 of 3")
     assert page.is_visible("#banner") is False
+    rows = [t for _, g in AdmittedLog(world["tiny"] / "trajectories" / "admitted.jsonl").read() for t in g]
+    unsubmitted = 100 * sum(not t.meta.get("submitted") for t in rows) / len(rows)
+    assert page.text_content('.tile[data-key="unsubmitted_rate"] .value') == f"{unsubmitted:.1f} %"
     # the task buckets come from the rollouts: the scripted group's bucket is listed
     assert world["group"][0].meta["mutation"] in page.text_content("#buckets")
 

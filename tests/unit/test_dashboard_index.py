@@ -190,3 +190,17 @@ def test_reading_in_small_chunks_gives_the_same_lines(tmp_path, monkeypatch):
     raw = path.read_bytes()
     assert all(raw[off:off + len(line)] == line for _, off, line in got)
     assert tail.pending == len('{"torn": ') and tail.offset == len(raw) - tail.pending
+
+
+def test_health_counts_how_sessions_ended(group, tmp_path):
+    log = AdmittedLog(tmp_path / "trajectories" / "admitted.jsonl")
+    log.append(group)
+    log.close()
+    files = TrajectoryFiles(tmp_path / "trajectories")
+    files.poll()
+    health = files.health(max_turns=4)
+    n = len(group)
+    assert health["unsubmitted_rate"] == sum(not t.meta["submitted"] for t in group) / n
+    assert health["tool_error_rate"] == sum(t.num_tool_errors > 0 for t in group) / n == 1 / n  # the malformed call
+    assert health["max_turns_rate"] == sum(t.num_turns >= 4 for t in group) / n
+    assert health["env_failure_rate"] == 0.0 and health["context_full_rate"] == 0.0

@@ -217,7 +217,8 @@ def _row(d: dict[str, Any], bucket_key: str) -> dict[str, Any]:
             "tool_errors": int(d.get("num_tool_errors") or 0), "env_failure": d.get("env_failure"),
             "sampled_tokens": int(meta.get("num_sampled_tokens") or 0), "tokens": d["_num_tokens"],
             "segments": d["_num_segments"], "version": d["_version"], "bucket": str(bucket or ""),
-            "submitted": bool(meta.get("submitted")), "total_s": (d.get("timings") or {}).get("total_s")}
+            "submitted": bool(meta.get("submitted")), "context_full": bool(meta.get("context_full")),
+            "total_s": (d.get("timings") or {}).get("total_s")}
 
 
 class TrajectoryFiles:
@@ -313,6 +314,20 @@ class TrajectoryFiles:
         return {k: {"rollouts": b["rollouts"], "reward": b["reward_sum"] / b["rollouts"],
                     "pass1": b["passed"] / b["rollouts"], "pass_group": b["groups_passed"] / b["groups"]}
                 for k, b in sorted(out.items())}
+
+    def health(self, max_turns: int | None = None) -> dict[str, float]:
+        """How sessions ended, as fractions of all rollouts: environment failures (errors outside the policy),
+        not submitted, cut at the context limit, at the turn limit (truncation), with an unusable tool call."""
+        n = len(self.rows)
+        if not n:
+            return {}
+        out = {"env_failure_rate": sum(r["env_failure"] is not None for r in self.rows) / n,
+               "unsubmitted_rate": sum(not r["submitted"] for r in self.rows) / n,
+               "context_full_rate": sum(r["context_full"] for r in self.rows) / n,
+               "tool_error_rate": sum(r["tool_errors"] > 0 for r in self.rows) / n}
+        if max_turns:
+            out["max_turns_rate"] = sum(r["turns"] >= max_turns for r in self.rows) / n
+        return out
 
     def facets(self) -> dict[str, Any]:
         """The values a filter can take: buckets, flags, version range."""

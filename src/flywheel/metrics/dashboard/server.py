@@ -130,6 +130,11 @@ def _evals_by_kind(run: RunIndex) -> dict[str, Any]:
     return out
 
 
+def _max_turns(run: RunIndex) -> int | None:
+    rollout = run.config.get("rollout")
+    return rollout.get("max_turns") if isinstance(rollout, dict) else None
+
+
 def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
     """The aiohttp application: GET routes only; a token, when given, guards every one."""
 
@@ -168,7 +173,8 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
         if cached is None or cached[0] != run.generation:
             body = json.dumps(_finite({**run_overview(run), "config": run.config, "summary": run.summary,
                                        "records": run.metrics.records, "facets": run.trajectories.facets(),
-                                       "buckets": run.trajectories.buckets(), "evals": _evals_by_kind(run)}))
+                                       "buckets": run.trajectories.buckets(), "evals": _evals_by_kind(run),
+                                       "health": run.trajectories.health(_max_turns(run))}))
             cached = detail_cache[run.name] = (run.generation, body)
         return web.Response(text=cached[1], content_type="application/json")
 

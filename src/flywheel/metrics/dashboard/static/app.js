@@ -85,6 +85,17 @@ function renderTiles(records) {
   }).join("") || "<p class='hint'>no metrics yet</p>";
 }
 
+const HEALTH = [["env_failure_rate", "env failures"], ["unsubmitted_rate", "not submitted"],
+  ["max_turns_rate", "hit the turn limit"], ["context_full_rate", "hit the context limit"],
+  ["tool_error_rate", "with an unusable tool call"]];
+
+// How sessions ended, over every rollout the run recorded (errors, timeouts and truncation)
+function renderHealth(health) {
+  $("#health").innerHTML = HEALTH.filter(([k]) => k in (health || {})).map(([k, label]) =>
+    `<div class="tile" data-key="${k}"><div class="label">${R.esc(label)}</div>` +
+    `<div class="value">${(100 * health[k]).toFixed(1)} %</div></div>`).join("");
+}
+
 function renderBuckets(buckets) {
   const rows = Object.entries(buckets || {});
   $("#buckets").innerHTML = rows.length ? "<table class='buckets'><tr><th>bucket</th><th>rollouts</th>" +
@@ -206,6 +217,7 @@ async function loadRun(name) {
   renderSummary(d);
   renderTiles(d.records);
   renderBuckets(d.buckets);
+  renderHealth(d.health);
   state.chartsStale = true;
   drawChartsIfShown();
   showStep();
