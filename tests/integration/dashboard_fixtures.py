@@ -11,6 +11,7 @@ from pathlib import Path
 from flywheel.bench.sessions import scripted_group
 from flywheel.config import EnvConfig, load_config, save_config
 from flywheel.envs.synth import generate_tasks
+from flywheel.envs.tasks import save_tasks
 from flywheel.envs.tools import tools_for
 from flywheel.orchestrator.loop import AdmittedLog, run_rl
 from flywheel.pipeline.evaluation import evaluate_model
@@ -49,6 +50,8 @@ class Base:
         `extra`: more `--section.key value` overrides."""
         cfg = run_config(run_dir, self.root / "tokenizer", mode, num_steps, *extra)
         save_config(cfg, run_dir)
+        save_tasks(self.tasks, run_dir / "tasks" / "train.jsonl")  # where prepare_tasks keeps a job's tasks
+        save_tasks(self.heldout, run_dir / "tasks" / "heldout.jsonl")
         if evals:
             tok = load_tokenizer(self.root / "tokenizer")
             evaluate_model(cfg, self.root / "model", tok, self.heldout, run_dir / "cache" / "eval",

@@ -117,6 +117,10 @@ def test_a_rollout_opens_with_its_tool_calls_verdicts_and_summary_mark(page, wor
     assert f"hidden tests {passed}/{len(fix.reward.tests)} passed" in page.text_content(".verdict")
     assert page.locator(".transcript tr.test.passed").count() == passed
     assert page.locator(".turn.tool").count() >= 2  # tool outputs are shown
+    (path, solved), = world["base"].tasks[0].solution.items()
+    diff = page.text_content(".transcript pre.diff")
+    assert diff.startswith(f"--- a/{path}\n+++ b/{path}")
+    assert "replayed from the session's edit calls on the task's files" in page.text_content(".transcript")
     page.select_option(".colour-mode", "logprob")
     assert page.locator("pre.tokens span[title^='log p']").count() > 50
     shot(page, "rollout")

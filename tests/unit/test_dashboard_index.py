@@ -15,6 +15,8 @@ from flywheel.bench.sessions import scripted_group
 from flywheel.config import EnvConfig
 from flywheel.envs.synth import generate_tasks
 from flywheel.envs.tools import tools_for
+from flywheel.envs.tasks import save_tasks
+from flywheel.metrics.dashboard.diff import RunTasks, replay_diff
 from flywheel.metrics.dashboard.runindex import (JsonlTail, MetricsFile, RunIndex, TrajectoryFiles, _fast_summaries,
                                                  _full_summaries, discover_runs)
 from flywheel.metrics.dashboard.server import Dashboard, build_app, check_binding
@@ -204,3 +206,23 @@ def test_health_counts_how_sessions_ended(group, tmp_path):
     assert health["tool_error_rate"] == sum(t.num_tool_errors > 0 for t in group) / n == 1 / n  # the malformed call
     assert health["max_turns_rate"] == sum(t.num_turns >= 4 for t in group) / n
     assert health["env_failure_rate"] == 0.0 and health["context_full_rate"] == 0.0
+
+
+def test_the_final_diff_replays_the_edit_calls(group, tok, tmp_path):
+    """The oracle's edits leave exactly the task's known solution; a malformed call changes nothing; the session
+    that rewrote a test file shows that file; a task missing from the run says so."""
+    import difflib
+
+    decoder = TokenDecoder(tok.backend_tokenizer)
+    task = generate_tasks(1, seed=3, split="train", difficulty="easy")[0]
+    save_tasks([task], tmp_path / "tasks" / "train.jsonl")
+    tasks = RunTasks(tmp_path, {})
+    by_script = {t.meta["script"]: replay_diff(tasks.get(t.task_id), transcript_view(t, decoder)) for t in group}
+    (path, solved), = task.solution.items()
+    expected = "".join(difflib.unified_diff(task.files[path].splitlines(True), solved.splitlines(True),
+                                            f"a/{path}", f"b/{path}"))
+    assert by_script["fix"] == {"diff": expected, "exact": True, "note": by_script["fix"]["note"]}
+    assert by_script["fix_after_summary"]["diff"] == expected  # the edit was in the first segment
+    assert by_script["malformed"]["diff"] == ""
+    assert "+def test_ok():" in by_script["edits_tests"]["diff"]
+    assert replay_diff(tasks.get("no-such-task"), {"segments": []})["diff"] is None

@@ -19,6 +19,7 @@ import io
 import json
 from pathlib import Path
 
+from flywheel.metrics.dashboard.diff import RunTasks, replay_diff
 from flywheel.metrics.dashboard.runindex import RunIndex
 from flywheel.metrics.dashboard.transcript import TokenDecoder, group_view, transcript_view
 from flywheel.metrics.log import read_metrics
@@ -144,6 +145,7 @@ def rollouts_html(run_dir: Path) -> str:
     if not gids:
         return "<p>This run recorded no trajectories.</p>"
     decoder = TokenDecoder.for_run(run.path, run.config)
+    tasks = RunTasks(run.path, run.config)
     rows, views, groups = [], {}, {}
     for gid in gids:
         members = []
@@ -153,7 +155,8 @@ def rollouts_html(run_dir: Path) -> str:
             for seg in view["segments"]:  # per-token data stays in the live dashboard: keeps this file small
                 for turn in seg["turns"]:
                     turn.pop("tokens", None)
-            views[i] = {"id": i, **view}
+            diff = replay_diff(tasks.get(traj.task_id), view) if view["diff"] is None else {"diff": view["diff"]}
+            views[i] = {"id": i, **view, "diff": diff["diff"], "diff_note": diff.get("note", "")}
             rows.append(run.trajectories.rows[i])
             members.append((i, traj))
         groups[gid] = {"group": gid, "members": group_view(members, decoder)}

@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from flywheel.metrics.dashboard.diff import RunTasks, replay_diff
 from flywheel.metrics.dashboard.runindex import RunIndex, discover_runs
 from flywheel.metrics.dashboard.transcript import TokenDecoder, group_view, transcript_view
 
@@ -61,6 +62,7 @@ class Dashboard:
         self.poll_s = poll_s
         self.runs: dict[str, RunIndex] = {}
         self.decoders: dict[str, TokenDecoder | None] = {}
+        self.tasks: dict[str, RunTasks] = {}
         self.subscribers: set[asyncio.Queue] = set()
         self._lock = threading.Lock()  # one poll at a time; handlers read what a finished poll left
         self.refresh()
@@ -95,6 +97,15 @@ class Dashboard:
             run = self.run(name)
             self.decoders[name] = TokenDecoder.for_run(run.path, run.config)
         return self.decoders[name]
+
+    def final_diff(self, name: str, task_id: str, view: dict[str, Any]) -> dict[str, Any]:
+        """The session's final diff: recorded in the trajectory, else replayed on the run's task (diff.py)."""
+        if view.get("diff") is not None:
+            return {"diff": view["diff"], "exact": True, "note": "recorded by the session"}
+        if name not in self.tasks:
+            run = self.run(name)
+            self.tasks[name] = RunTasks(run.path, run.config)
+        return replay_diff(self.tasks[name].get(task_id), view)
 
     async def poll_forever(self) -> None:
         while True:
@@ -211,7 +222,9 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
         except (KeyError, ValueError) as err:
             return _json({"error": f"rollout {request.match_info['id']!r} of run {name!r}: {err}"}, status=404)
         view = transcript_view(traj, dash.decoder(name))
-        return _json({"id": traj_id, **view, "row": run.trajectories.rows[traj_id]})
+        diff = await asyncio.to_thread(dash.final_diff, name, traj.task_id, view)
+        return _json({"id": traj_id, **view, "diff": diff["diff"], "diff_note": diff["note"],
+                      "row": run.trajectories.rows[traj_id]})
 
     async def group(request):
         name = request.match_info["name"]

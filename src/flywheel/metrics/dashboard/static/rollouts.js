@@ -106,8 +106,10 @@ const FlywheelRollouts = (() => {
       }
       html += seg.turns.map((t) => turnHtml(t, mode, maxVersion)).join("");
     }
-    html += "<h4>Final diff</h4>" + (view.diff ? `<pre class="diff">${esc(view.diff)}</pre>` :
-      `<p class="hint">this run's trajectories do not record the final diff; the edits are the tool calls above</p>`);
+    const note = view.diff_note ? `<p class="hint">${esc(view.diff_note)}</p>` : "";
+    html += "<h4>Final diff</h4>" + (typeof view.diff !== "string" ? note || "<p class='hint'>not available</p>" :
+      (view.diff ? `<pre class="diff">${esc(view.diff)}</pre>` : "<p class='hint'>no change to the task's files</p>")
+      + note);
     container.innerHTML = html + "</div>";
     const select = container.querySelector(".colour-mode");
     if (select) select.addEventListener("change", (ev) => transcript(container, view, ev.target.value));
