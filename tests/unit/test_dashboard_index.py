@@ -226,3 +226,6 @@ def test_the_final_diff_replays_the_edit_calls(group, tok, tmp_path):
     assert by_script["malformed"]["diff"] == ""
     assert "+def test_ok():" in by_script["edits_tests"]["diff"]
     assert replay_diff(tasks.get("no-such-task"), {"segments": []})["diff"] is None
+    other = generate_tasks(1, seed=9, split="train", difficulty="easy")[0]
+    save_tasks([other], tmp_path / "tasks" / "more.jsonl")  # written later: found on the next miss
+    assert tasks.get(other.id).files == other.files

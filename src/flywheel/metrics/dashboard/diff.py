@@ -27,16 +27,22 @@ class RunTasks:
     """The tasks a run trained and evaluated on, loaded the first time one is asked for."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any]):
-        self.paths = sorted((run_dir / "tasks").glob("*.jsonl"))
-        for key in ("tasks", "eval_tasks"):
-            if isinstance(config.get(key), str) and config[key] and Path(config[key]).is_file():
-                self.paths.append(Path(config[key]))
-        self._tasks: dict[str, Task] | None = None
+        self.run_dir, self.config = run_dir, config
+        self._loaded: list[tuple[Path, int]] | None = None  # the files (and sizes) the tasks were read from
+        self._tasks: dict[str, Task] = {}
+
+    def _files(self) -> list[tuple[Path, int]]:
+        paths = sorted((self.run_dir / "tasks").glob("*.jsonl"))
+        paths += [Path(self.config[k]) for k in ("tasks", "eval_tasks")
+                  if isinstance(self.config.get(k), str) and self.config[k] and Path(self.config[k]).is_file()]
+        return [(p, p.stat().st_size) for p in paths if p.exists()]
 
     def get(self, task_id: str) -> Task | None:
-        if self._tasks is None:
+        """The task, or None; a miss re-reads the task files if they changed (a job writes them as it starts)."""
+        if task_id not in self._tasks and (self._loaded is None or self._files() != self._loaded):
+            self._loaded = self._files()
             self._tasks = {}
-            for path in self.paths:
+            for path, _ in self._loaded:
                 try:
                     self._tasks.update({t.id: t for t in load_tasks(path).tasks})
                 except (OSError, ValueError):  # an unreadable task file: no diff for its tasks
