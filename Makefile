@@ -21,9 +21,13 @@ $(RUNTIME): pyproject.toml Makefile
 		echo "note: bubblewrap not installed; sandboxes fall back to 'local'")
 	touch $(RUNTIME)
 
-# The tests add pytest, hypothesis, Ray and the other extras of `dev`.
+# The tests add pytest, hypothesis, Ray, Playwright and the other extras of `dev`, and Debian's chromium for the
+# dashboard's browser tests (Playwright drives that binary; it never downloads a browser).
 $(STAMP): $(RUNTIME)
 	$(PY) -m pip install -q -e ".[dev]"
+	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+		echo "note: chromium not installed; the dashboard's browser tests (-m browser) need it: apt-get install chromium")
 	touch $(STAMP)
 
 setup: $(STAMP)

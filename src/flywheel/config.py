@@ -287,10 +287,20 @@ class EvalConfig(Section):
 
 
 class MetricsConfig(Section):
-    """Metrics: JSONL always, TensorBoard optionally, the HTML report at the end."""
+    """Metrics: JSONL always; TensorBoard, Weights & Biases and MLflow optionally (same key names); the HTML
+    report at the end (metrics/trackers.py)."""
 
     log_every: int = Field(1, ge=1, description="trainer steps between metric records")
-    tensorboard: bool = Field(False, description="also write TensorBoard event files")
+    tensorboard: bool = Field(False, description="also write TensorBoard event files (<run_dir>/events)")
+    wandb: bool = Field(False, description="also log to Weights & Biases (extra `wandb`)")
+    wandb_project: str = Field("flywheel", min_length=1, description="W&B project name")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: offline writes <run_dir>/wandb/ (upload later with `wandb sync`)")
+    mlflow: bool = Field(False, description="also log to MLflow (extra `mlflow`)")
+    mlflow_tracking_uri: str = Field("", description="MLflow tracking URI; empty: a file store in <run_dir>/mlruns")
+    mlflow_experiment: str = Field("flywheel", min_length=1, description="MLflow experiment name")
+    transcripts_every: int = Field(0, ge=0, description="trainer steps between sample transcripts (the batch's best "
+                                                        "and worst) sent to the trackers; 0 = never")
     report: bool = Field(True, description="write report.html at the end of a run")
 
 

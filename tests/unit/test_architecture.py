@@ -8,9 +8,10 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "flywheel"
 # Lowest first. A package may import its own modules and those of packages in lower layers, nothing else.
 LAYERS = [
     {"types", "config"},
-    {"sandbox", "policy", "numerics", "weights", "metrics"},
+    {"sandbox", "policy", "numerics", "weights"},
     {"tasks", "inference", "trainer"},
     {"envs", "rollout"},
+    {"metrics"},
     {"orchestrator"},
     {"pipeline", "redteam"},
     {"bench"},

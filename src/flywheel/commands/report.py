@@ -1,4 +1,4 @@
-"""Write `<run_dir>/report.html` from a run's metrics.jsonl and summary.json."""
+"""Write `<run_dir>/report.html` from a run's metrics.jsonl, summary.json and a sample of its transcripts."""
 
 from __future__ import annotations
 

@@ -1,10 +1,14 @@
-"""The run report: `<run_dir>/report.html`, one self-contained page of plots and the headline figures.
+"""The run report: `<run_dir>/report.html`, one self-contained page: the headline figures, plots, transcripts.
 
     flywheel report runs/demo          # or write_report(run_dir) from code
 
-Reads `metrics.jsonl` (one record per trainer step, see orchestrator/loop.py) and `summary.json`;
-plots are PNGs rendered with matplotlib (Agg) and embedded as base64, so the page can be mailed around.
-A panel is drawn only when its metrics exist in the run, so the same report serves every kind of run.
+Reads `metrics.jsonl` (one record per trainer step, see orchestrator/loop.py), `summary.json` and the run's
+trajectories; plots are PNGs rendered with matplotlib (Agg) and embedded as base64, so the page can be mailed
+around and opened offline. A panel is drawn only when its metrics exist in the run, so the same report serves
+every kind of run. The summary is written out in sentences and tables, not as JSON. A sample of whole GRPO
+groups (spread over the run, plus flagged ones) is embedded with the dashboard's own rollout browser
+(dashboard/static/rollouts.js, inlined): each transcript with its tool calls, verdict and flags, each group
+side by side. The live dashboard (`flywheel dashboard`) browses every transcript.
 """
 
 from __future__ import annotations
@@ -15,11 +19,16 @@ import io
 import json
 from pathlib import Path
 
+from flywheel.metrics.dashboard.diff import RunTasks, replay_diff
+from flywheel.metrics.dashboard.runindex import RunIndex
+from flywheel.metrics.dashboard.transcript import TokenDecoder, group_view, transcript_view
 from flywheel.metrics.log import read_metrics
 
 # the flags of envs/reward.py (FLAGS), named here so that the metrics layer does not import the environments
 FLAG_NAMES = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam", "framework_patch",
               "interpreter_hook", "always_equal", "runner_shadowed", "runner_tampered")
+STATIC = Path(__file__).with_name("dashboard") / "static"
+NUM_SAMPLE_GROUPS = 8  # groups spread evenly over the run, plus up to 2 with an anti-cheat flag
 
 # (title, [(metric key, label)], y label)
 PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
@@ -71,25 +80,120 @@ def _plot(records: list[dict], keys: list[tuple[str, str]], title: str, ylabel: 
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _num(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return html.escape(str(v))
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _table(d: dict) -> str:
+    rows = []
+    for k, v in d.items():
+        shown = _table(v) if isinstance(v, dict) and v else (
+            ", ".join(_num(x) for x in v) if isinstance(v, list) else _num(v))
+        rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{shown}</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def summary_html(summary: dict) -> str:
+    """The run's headline in sentences; every other figure of summary.json in plain tables."""
+    s = dict(summary)
+    lines = []
+    if "pass1_before" in s:
+        line = f"Held-out pass@1 went from <b>{_num(s.pop('pass1_before'))}</b>"
+        if "pass1_after" in s:
+            line += f" before RL to <b>{_num(s.pop('pass1_after'))}</b> after"
+            if "pass1_gain" in s:
+                line += f": a gain of {_num(s.pop('pass1_gain'))}"
+                if "pass1_gain_se" in s:
+                    line += f" ± {_num(s.pop('pass1_gain_se'))} (standard error, paired over held-out tasks)"
+        else:
+            line += " before RL (no evaluation after it yet)"
+        lines.append(line + ".")
+    rl = s.pop("rl", None)
+    if isinstance(rl, dict):
+        line = f"RL ran {rl.get('steps', '?')} trainer steps in {_num(rl.get('wall_s', 0.0))} s"
+        if "trainer_busy" in rl:
+            line += f"; the trainer was busy {_num(100 * rl['trainer_busy'])} % of that time"
+        if "rollouts" in rl:
+            line += f"; {rl['rollouts']} rollouts in {rl.get('groups_received', '?')} groups"
+        if rl.get("staleness_hist"):
+            hist = ", ".join(f"{n} at {k}" for k, n in sorted(rl["staleness_hist"].items(), key=lambda kv: int(kv[0])))
+            line += f"; trained groups by staleness (versions behind): {hist}"
+        lines.append(line + (" (stopped early; resume with --resume)." if rl.get("interrupted") else "."))
+        rest = {k: v for k, v in rl.items() if k not in ("steps", "wall_s", "trainer_busy", "rollouts",
+                                                         "groups_received", "staleness_hist", "interrupted")}
+        if rest:
+            s["rl (other figures)"] = rest
+    timings = s.pop("timings_s", None)
+    if isinstance(timings, dict) and timings:
+        lines.append("Wall time by stage: " + ", ".join(f"{html.escape(k)} {_num(v)} s" for k, v in timings.items()) + ".")
+    out = "".join(f"<p>{line}</p>" for line in lines)
+    return out + (_table(s) if s else "")
+
+
+def _sample_groups(run: RunIndex) -> list[str]:
+    groups = list(run.trajectories.groups)
+    if not groups:
+        return []
+    n = min(NUM_SAMPLE_GROUPS, len(groups))
+    picked = [groups[round(i * (len(groups) - 1) / max(1, n - 1))] for i in range(n)]
+    flagged = [g for g in groups if g not in picked and
+               any(run.trajectories.rows[i]["flags"] for i in run.trajectories.groups[g])]
+    return list(dict.fromkeys(picked + flagged[:2]))
+
+
+def rollouts_html(run_dir: Path) -> str:
+    """The sample of transcripts with the rollout browser's script, or a line saying there are none."""
+    run = RunIndex(run_dir)
+    gids = _sample_groups(run)
+    if not gids:
+        return "<p>This run recorded no trajectories.</p>"
+    decoder = TokenDecoder.for_run(run.path, run.config)
+    tasks = RunTasks(run.path, run.config)
+    rows, views, groups = [], {}, {}
+    for gid in gids:
+        members = []
+        for i in run.trajectories.groups[gid]:
+            traj = run.trajectories.load(i)
+            view = transcript_view(traj, decoder)
+            for seg in view["segments"]:  # per-token data stays in the live dashboard: keeps this file small
+                for turn in seg["turns"]:
+                    turn.pop("tokens", None)
+            diff = replay_diff(tasks.get(traj.task_id), view) if view["diff"] is None else {"diff": view["diff"]}
+            views[i] = {"id": i, **view, "diff": diff["diff"], "diff_note": diff.get("note", "")}
+            rows.append(run.trajectories.rows[i])
+            members.append((i, traj))
+        groups[gid] = {"group": gid, "members": group_view(members, decoder)}
+    data = json.dumps({"rows": rows, "views": views, "groups": groups}).replace("</", "<\\/")
+    script = (STATIC / "rollouts.js").read_text()
+    return (f"<p>{len(rows)} of the run's {len(run.trajectories.rows)} rollouts: {len(gids)} whole groups spread "
+            "over the run (and flagged ones). Click a row to read it, or “side by side” for its group.</p>"
+            "<div id='rollout-split'><div id='rollout-list'></div><div id='rollout-detail'></div></div>"
+            f"<script>{script}</script><script id='rollout-data' type='application/json'>{data}</script>"
+            "<script>const D = JSON.parse(document.getElementById('rollout-data').textContent);"
+            "const detail = document.getElementById('rollout-detail');"
+            "document.getElementById('rollout-list').appendChild(FlywheelRollouts.listTable(D.rows,"
+            " (id) => FlywheelRollouts.transcript(detail, D.views[id]),"
+            " (g) => FlywheelRollouts.group(detail, D.groups[g])));</script>")
+
+
 def write_report(run_dir: str | Path) -> Path:
     run = Path(run_dir)
     records = read_metrics(run / "metrics.jsonl")
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     parts = [f"<html><head><meta charset='utf-8'><title>flywheel run {html.escape(run.name)}</title>",
-             "<style>body{font-family:sans-serif;margin:2em;max-width:1200px} img{margin:4px;border:1px solid #ddd}"
-             " table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}</style>",
+             f"<style>{(STATIC / 'style.css').read_text()}\n"
+             "body{margin:2em;max-width:1400px} img{margin:4px;border:1px solid #ddd}</style>",
              f"</head><body><h1>flywheel run: {html.escape(run.name)}</h1>"]
     if summary:
-        parts.append("<h2>Summary</h2><table>")
-        for k, v in summary.items():
-            shown = f"{v:.4g}" if isinstance(v, float) else html.escape(json.dumps(v) if isinstance(v, (dict, list)) else str(v))
-            parts.append(f"<tr><th>{html.escape(k)}</th><td>{shown}</td></tr>")
-        parts.append("</table>")
+        parts.append("<h2>Summary</h2>" + summary_html(summary))
     parts.append(f"<h2>Over training ({len(records)} records)</h2>")
     for title, keys, ylabel in PANELS:
         png = _plot(records, keys, title, ylabel)
         if png:
             parts.append(f"<img alt='{html.escape(title)}' src='data:image/png;base64,{png}'>")
+    parts.append("<h2>Rollouts</h2>" + rollouts_html(run))
     parts.append("</body></html>")
     out = run / "report.html"
     out.write_text("\n".join(parts))

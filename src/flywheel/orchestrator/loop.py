@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flywheel.config import FlywheelConfig
+from flywheel.metrics.dashboard.transcript import TokenDecoder
 from flywheel.metrics.log import MetricsLog
 from flywheel.orchestrator.buffer import Buffer
 from flywheel.orchestrator.monitor import FlagMonitor, step_flag_rates
@@ -140,7 +141,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       max_groups_in_flight=max(1, cfg.rollout.concurrency // cfg.rollout.group_size))
              for n in range(cfg.orchestrator.num_engines)]
     source = build_rollouts(cfg, specs)
-    log = MetricsLog(run_dir, tensorboard=cfg.metrics.tensorboard)
+    log = MetricsLog.from_config(run_dir, cfg.metrics, run_name=cfg.name, config=cfg.model_dump(mode="json"))
+    decoder = TokenDecoder.from_dir(tokenizer_dir) if cfg.metrics.transcripts_every else None
     outstanding = 0
     # paced async mode (orchestrator/pacing.py): group starts are granted so that production runs at most
     # `max_ahead_batches` batches ahead of the trainer
@@ -208,6 +210,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       **source.pool_stats()}  # Ray: pool-wide counters
             received.clear()
             log.write(record)
+            if cfg.metrics.transcripts_every and trainer.version % cfg.metrics.transcripts_every == 0:
+                log.transcripts(trainer.version, batch, decoder)
             if on_step:
                 on_step(record)
             if cfg.trainer.checkpoint_every and trainer.version % cfg.trainer.checkpoint_every == 0:

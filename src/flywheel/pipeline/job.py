@@ -21,18 +21,25 @@ from flywheel.config import FlywheelConfig, save_config
 
 
 class Progress:
-    """A thin wrapper over rich's progress bars: one bar per stage, updated from callbacks."""
+    """A thin wrapper over rich's progress bars: one bar per stage with elapsed time and ETA, from callbacks."""
 
     def __init__(self, enabled: bool = True):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
         from rich.progress import Progress as RichProgress
 
         self.console = Console()
         self._bars = RichProgress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
-                                  disable=not enabled)
+                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
+                                  TimeRemainingColumn(), console=self.console, disable=not enabled)
         self._ids: dict[str, int] = {}
+        self._started: dict[str, tuple[float, int]] = {}
 
     def __enter__(self):
         self._bars.__enter__()
@@ -42,9 +49,12 @@ class Progress:
         return self._bars.__exit__(*exc)
 
     def update(self, stage: str, done: int, total: int | None = None, info: str = "") -> None:
-        if not self.console.is_terminal:  # a log file or CI: a plain line every tenth of the way
+        if not self.console.is_terminal:  # a log file or CI: a plain line every tenth of the way, with the ETA
+            t0, done0 = self._started.setdefault(stage, (time.monotonic(), done))  # rate from the first report on
             if total and (done == total or done % max(1, total // 10) == 0):
-                self.console.print(f"{stage}: {done}/{total} {info}".rstrip())
+                rate = (done - done0) / max(1e-9, time.monotonic() - t0)
+                eta = f" eta {(total - done) / rate:.0f} s" if rate > 0 and done < total else ""
+                self.console.print(f"{stage}: {done}/{total} {info}".rstrip() + eta)
             return
         if stage not in self._ids:
             self._ids[stage] = self._bars.add_task(stage, total=total, info=info)

@@ -1,0 +1,372 @@
+// The live dashboard page: overview (tiles, per-bucket table, a chart per metric), the rollout browser, and
+// run comparison. Data comes from the read-only JSON API (server.py); /api/events pushes what each run appends,
+// which is added to the charts in place. Charts are uPlot (vendored); sparklines are plain SVG.
+"use strict";
+
+const R = FlywheelRollouts;
+const state = {runs: [], run: null, detail: null, charts: new Map(), view: "overview", compare: new Set()};
+const $ = (sel) => document.querySelector(sel);
+
+// Headline tiles: the first key present in the run is shown (label, keys, scale, unit).
+const TILES = [
+  ["reward (all rollouts)", ["rollout/reward_all", "reward/mean"], 1, ""],
+  ["pass rate (all rollouts)", ["rollout/pass_rate_all", "rollout/pass_rate"], 1, ""],
+  ["staleness mean", ["staleness/mean"], 1, " versions"],
+  ["staleness max", ["staleness/max"], 1, " versions"],
+  ["mismatch k3", ["mismatch/k3"], 1, ""],
+  ["max |Δ log p|", ["mismatch/max_abs_diff"], 1, ""],
+  ["clip fraction", ["clip_frac"], 1, ""],
+  ["entropy", ["entropy", "policy/entropy"], 1, ""],
+  ["tokens/s (sampled)", ["throughput/tokens_per_s_k"], 1000, ""],
+  ["trainer tokens/s", ["tokens_per_s"], 1, ""],
+  ["trainer busy", ["trainer/busy"], 1, ""],
+  ["engine busy", ["engine/busy"], 1, ""],
+  ["weight sync MB", ["weights/bytes_mb"], 1, " MB"],
+  ["weight fetch+apply", ["weights/apply_ms"], 1, " ms"],
+  ["engine pause", ["weights/pause_ms"], 1, " ms"],
+  ["tool errors / rollout", ["rollout/tool_errors"], 1, ""],
+  ["env failures", ["buffer/env_failures"], 1, ""],
+  ["anti-cheat flags", ["flags/total"], 1, ""],
+];
+// and every key about sandboxes, timeouts, truncation, failures, leaks, or a flag kind
+const EXTRA_TILE = /^(sandbox\/|flags\/(?!total))|timeout|trunc|fail|leak/;
+
+async function api(path) {
+  const resp = await fetch(path);
+  const data = await resp.json().catch(() => ({error: `${path}: HTTP ${resp.status}, not JSON`}));
+  if (!resp.ok || data.error) throw new Error(data.error || `${path}: HTTP ${resp.status}`);
+  return data;
+}
+
+function banner(notes) {
+  const el = $("#banner");
+  el.hidden = !notes.length;
+  el.innerHTML = notes.map((n) => `<div>${R.esc(n)}</div>`).join("");
+}
+
+function stepOf(rec, i) { return typeof rec.step === "number" ? rec.step : i; }
+
+function keysOf(records) {
+  const keys = new Set();
+  for (const r of records) for (const [k, v] of Object.entries(r)) {
+    if (typeof v === "number" && k !== "step" && k !== "time") keys.add(k);
+  }
+  return [...keys].sort();
+}
+
+function series(records, key) {
+  const xs = [], ys = [];
+  records.forEach((r, i) => { if (typeof r[key] === "number") { xs.push(stepOf(r, i)); ys.push(r[key]); } });
+  return [xs, ys];
+}
+
+function spark(ys) {
+  if (ys.length < 2) return "";
+  const lo = Math.min(...ys), hi = Math.max(...ys), span = hi - lo || 1;
+  const pts = ys.map((y, i) => `${(i / (ys.length - 1) * 100).toFixed(1)},${(28 - (y - lo) / span * 26).toFixed(1)}`);
+  return `<svg viewBox="0 0 100 30" preserveAspectRatio="none"><polyline points="${pts.join(" ")}"/></svg>`;
+}
+
+function renderTiles(records) {
+  const keys = keysOf(records);
+  const tiles = [];
+  const used = new Set();
+  for (const [label, cands, scale, unit] of TILES) {
+    const key = cands.find((k) => keys.includes(k));
+    if (key) { tiles.push([label, key, scale, unit]); used.add(key); }
+  }
+  for (const k of keys) if (EXTRA_TILE.test(k) && !used.has(k)) tiles.push([k, k, 1, ""]);
+  $("#tiles").innerHTML = tiles.map(([label, key, scale, unit]) => {
+    const ys = series(records, key)[1].map((y) => y * scale);
+    const last = ys.length ? ys[ys.length - 1] : null;
+    return `<div class="tile" data-key="${R.esc(key)}" title="${R.esc(key)}"><div class="label">${R.esc(label)}</div>` +
+      `<div class="value">${last === null ? "–" : R.fmt(last, Math.abs(last) >= 100 ? 0 : 3)}${unit}</div>` +
+      `${spark(ys.slice(-60))}</div>`;
+  }).join("") || "<p class='hint'>no metrics yet</p>";
+}
+
+const HEALTH = [["env_failure_rate", "env failures"], ["unsubmitted_rate", "not submitted"],
+  ["max_turns_rate", "hit the turn limit"], ["context_full_rate", "hit the context limit"],
+  ["tool_error_rate", "with an unusable tool call"]];
+
+// How sessions ended, over every rollout the run recorded (errors, timeouts and truncation)
+function renderHealth(health) {
+  $("#health").innerHTML = HEALTH.filter(([k]) => k in (health || {})).map(([k, label]) =>
+    `<div class="tile" data-key="${k}"><div class="label">${R.esc(label)}</div>` +
+    `<div class="value">${(100 * health[k]).toFixed(1)} %</div></div>`).join("");
+}
+
+function renderBuckets(buckets) {
+  const rows = Object.entries(buckets || {});
+  $("#buckets").innerHTML = rows.length ? "<table class='buckets'><tr><th>bucket</th><th>rollouts</th>" +
+    "<th>mean reward</th><th>pass@1</th><th>pass@group (≥1 of the group)</th></tr>" +
+    rows.map(([b, s]) => `<tr><td>${R.esc(b)}</td><td>${s.rollouts}</td><td>${R.fmt(s.reward)}</td>` +
+      `<td>${R.fmt(s.pass1)}</td><td>${R.fmt(s.pass_group)}</td></tr>`).join("") + "</table>"
+    : "<p class='hint'>no rollouts recorded yet</p>";
+}
+
+function chartOpts(title, labels, width = 330) {
+  const colours = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"];
+  // a flat series gets a visible band around it (uPlot's default for all-zero data is 0..100)
+  const range = (u, lo, hi) => lo === hi ? [lo - (Math.abs(lo) || 1) * 0.1, hi + (Math.abs(hi) || 1) * 0.1]
+    : [lo - (hi - lo) * 0.05, hi + (hi - lo) * 0.05];
+  return {title, width, height: 170, scales: {x: {time: false}, y: {range}},
+    axes: [{label: "trainer step"}, {size: 55}],
+    series: [{label: "step"}, ...labels.map((l, i) => ({label: l, stroke: colours[i % colours.length], width: 1.5,
+      points: {size: 4}}))]};
+}
+
+// Chart groups in the order an RL engineer reads them; groups not listed follow, by name.
+const GROUP_ORDER = ["rollout", "reward", "flags", "staleness", "mismatch", "trainer", "throughput", "weights",
+  "engine", "buffer", "node", "sandbox"];
+const FIRST_CHARTS = 8;  // drawn before the page counts as shown; the rest follow in batches, so a run with
+                         // many metrics paints at once and stays responsive
+
+function renderCharts(records) {
+  for (const u of state.charts.values()) u.destroy();
+  state.charts.clear();
+  const generation = state.chartGeneration = (state.chartGeneration || 0) + 1;
+  const groups = new Map();
+  for (const k of keysOf(records)) {
+    const g = k.includes("/") ? k.split("/")[0] : "trainer";
+    if (!groups.has(g)) groups.set(g, []);
+    groups.get(g).push(k);
+  }
+  const rank = (g) => GROUP_ORDER.includes(g) ? GROUP_ORDER.indexOf(g) : GROUP_ORDER.length;
+  const ordered = [...groups].sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b));
+  const root = $("#charts");
+  root.innerHTML = "";
+  const todo = [];
+  for (const [g, keys] of ordered) {
+    const box = document.createElement("div");
+    box.className = "chart-group";
+    box.innerHTML = `<h4>${R.esc(g)}</h4>`;
+    root.appendChild(box);
+    for (const k of keys) {
+      const el = document.createElement("div");
+      el.className = "chart";
+      el.dataset.key = k;
+      box.appendChild(el);
+      todo.push([k, el]);
+    }
+  }
+  const draw = ([k, el]) => state.charts.set(k, new uPlot(chartOpts(k, [k]), series(state.detail.records, k), el));
+  todo.splice(0, FIRST_CHARTS).forEach(draw);
+  const done = () => {
+    window.flywheelChartsDoneMs = performance.now();
+    document.body.dataset.charts = "done";
+  };
+  document.body.dataset.charts = "drawing";
+  const next = () => {
+    if (generation !== state.chartGeneration) return;  // re-rendered meanwhile
+    todo.splice(0, 6).forEach(draw);
+    if (todo.length) setTimeout(next, 0); else done();
+  };
+  if (todo.length) setTimeout(next, 0); else done();
+}
+
+// Charts are drawn when the overview is on screen (a page opened on the rollouts skips ~60 charts).
+function drawChartsIfShown() {
+  if (state.view !== "overview" || !state.detail) return;
+  if (state.chartsStale) renderCharts(state.detail.records);
+  state.chartsStale = false;
+}
+
+function appendRecords(records) {
+  const all = state.detail.records;
+  const before = keysOf(all).join();
+  all.push(...records);
+  renderTiles(all);
+  if (keysOf(all).join() !== before || state.chartsStale) {
+    state.chartsStale = true;
+    drawChartsIfShown();
+  } else for (const [k, u] of state.charts) u.setData(series(all, k));
+  showStep();
+}
+
+function showStep() {
+  const d = state.detail;
+  $("#live-step").textContent = d ? `step ${d.records.length ? stepOf(d.records.at(-1), d.records.length - 1) : "–"}` +
+    (d.num_steps ? ` of ${d.num_steps}` : "") + ` · ${d.num_rollouts} rollouts` : "";
+}
+
+function renderSummary(d) {
+  const s = d.summary || {};
+  const parts = [];
+  if (typeof s.pass1_before === "number") parts.push(`held-out pass@1 before ${R.fmt(s.pass1_before)}`);
+  if (typeof s.pass1_after === "number") parts.push(`after ${R.fmt(s.pass1_after)}` +
+    (typeof s.pass1_gain_se === "number" ? ` (gain ± ${R.fmt(s.pass1_gain_se)} paired SE)` : ""));
+  if (s.rl) parts.push(`RL: ${s.rl.steps} steps in ${R.fmt(s.rl.wall_s, 0)} s, trainer busy ${R.fmt(s.rl.trainer_busy, 2)}`);
+  const cfg = d.config || {};
+  if (cfg.orchestrator) parts.push(`mode ${cfg.orchestrator.mode}, max staleness ${cfg.orchestrator.max_staleness}`);
+  if (cfg.model) parts.push(`model ${cfg.model.path || cfg.model.preset}`);
+  $("#summary").innerHTML = parts.map((p) => `<span>${R.esc(p)}</span>`).join(" · ");
+}
+
+async function loadRun(name) {
+  state.run = name;
+  try {
+    state.detail = await api(`api/run/${encodeURIComponent(name)}`);
+  } catch (err) {
+    banner([`run ${name}: ${err.message}`]);
+    return;
+  }
+  const d = state.detail;
+  banner(d.notes);
+  $("#run-title").textContent = `run ${name}`;
+  renderSummary(d);
+  renderTiles(d.records);
+  renderBuckets(d.buckets);
+  renderHealth(d.health);
+  state.chartsStale = true;
+  drawChartsIfShown();
+  showStep();
+  const form = $("#filters");
+  form.bucket.innerHTML = "<option value=''>any</option>" +
+    d.facets.buckets.map((b) => `<option>${R.esc(b)}</option>`).join("");
+  form.flag.innerHTML = "<option value=''>any or none</option><option value='any'>some flag</option>" +
+    d.facets.flags.map((f) => `<option>${R.esc(f)}</option>`).join("");
+  if (state.view === "rollouts") await listRollouts();
+}
+
+// ---------------------------------------------------------------------------------------------- rollouts
+
+async function listRollouts() {
+  const params = new URLSearchParams();
+  for (const [k, v] of new FormData($("#filters"))) if (v !== "") params.set(k, v);
+  params.set("limit", "200");
+  let data;
+  try {
+    data = await api(`api/run/${encodeURIComponent(state.run)}/rollouts?${params}`);
+  } catch (err) {
+    $("#rollout-count").textContent = err.message;
+    return;
+  }
+  $("#rollout-count").textContent = `${data.total} rollouts match` + (data.total > data.rows.length ?
+    ` (the first ${data.rows.length} shown)` : "");
+  const list = $("#rollout-list");
+  list.innerHTML = "";
+  list.appendChild(R.listTable(data.rows, openRollout, openGroup));
+}
+
+async function openRollout(id) {
+  const el = $("#rollout-detail");
+  el.innerHTML = "<p class='hint'>loading…</p>";
+  try {
+    R.transcript(el, await api(`api/run/${encodeURIComponent(state.run)}/rollout/${id}`));
+  } catch (err) {
+    el.innerHTML = `<p class="error">${R.esc(err.message)}</p>`;
+  }
+}
+
+async function openGroup(gid) {
+  const el = $("#rollout-detail");
+  try {
+    R.group(el, await api(`api/run/${encodeURIComponent(state.run)}/group?id=${encodeURIComponent(gid)}`));
+  } catch (err) {
+    el.innerHTML = `<p class="error">${R.esc(err.message)}</p>`;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- compare
+
+async function renderCompare() {
+  const box = $("#compare-runs");
+  if (!state.compare.size) state.runs.forEach((r) => state.compare.add(r.name));
+  box.innerHTML = state.runs.map((r) => `<label><input type="checkbox" value="${R.esc(r.name)}"` +
+    `${state.compare.has(r.name) ? " checked" : ""}> ${R.esc(r.name)}</label>`).join(" ");
+  box.querySelectorAll("input").forEach((cb) => cb.addEventListener("change", () => {
+    cb.checked ? state.compare.add(cb.value) : state.compare.delete(cb.value);
+    renderCompare();
+  }));
+  const details = [];
+  for (const name of state.compare) {
+    try { details.push(await api(`api/run/${encodeURIComponent(name)}`)); } catch (err) { banner([err.message]); }
+  }
+  const keys = [...new Set(details.flatMap((d) => keysOf(d.records)))];
+  const sel = $("#compare-key");
+  const chosen = sel.value || (keys.includes("rollout/reward_all") ? "rollout/reward_all" : keys[0]);
+  sel.innerHTML = keys.map((k) => `<option${k === chosen ? " selected" : ""}>${R.esc(k)}</option>`).join("");
+  const steps = [...new Set(details.flatMap((d) => series(d.records, chosen)[0]))].sort((a, b) => a - b);
+  const data = [steps, ...details.map((d) => {
+    const [xs, ys] = series(d.records, chosen);
+    const at = new Map(xs.map((x, i) => [x, ys[i]]));
+    return steps.map((s) => at.has(s) ? at.get(s) : null);
+  })];
+  const el = $("#compare-chart");
+  el.innerHTML = "";
+  if (chosen) new uPlot({...chartOpts(chosen, details.map((d) => d.name), 700), height: 300}, data, el);
+  const kinds = [...new Set(details.flatMap((d) => Object.values(d.evals || {}).flatMap((e) => Object.keys(e))))];
+  $("#compare-evals").innerHTML = kinds.length ? "<table><tr><th>run</th><th>eval</th>" +
+    kinds.map((k) => `<th>${R.esc(k)}</th>`).join("") + "</tr>" + details.flatMap((d) =>
+    Object.entries(d.evals || {}).map(([e, byKind]) => `<tr><td>${R.esc(d.name)}</td><td>${R.esc(e)}</td>` +
+      kinds.map((k) => `<td>${byKind[k] ? `${R.fmt(byKind[k].pass1)} (${byKind[k].num_tasks} tasks)` : "–"}</td>`)
+        .join("") + "</tr>")).join("") + "</table>" : "<p class='hint'>no held-out evaluations in these runs</p>";
+}
+
+// ---------------------------------------------------------------------------------------------- shell
+
+function show(view) {
+  state.view = view;
+  for (const v of ["overview", "rollouts", "compare"]) $(`#view-${v}`).hidden = v !== view;
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
+  if (view === "overview") drawChartsIfShown();
+  if (view === "rollouts" && state.run) listRollouts();
+  if (view === "compare") renderCompare();
+}
+
+function connect() {
+  const live = $("#live");
+  const es = new EventSource("api/events");
+  es.onopen = () => { live.textContent = "● live"; live.className = "on"; };
+  es.onerror = () => { live.textContent = "○ reconnecting"; live.className = ""; };
+  es.addEventListener("update", async (msg) => {
+    const ev = JSON.parse(msg.data);
+    if (ev.new_run || !state.run) return loadRuns();
+    if (ev.run !== state.run || !state.detail) return;
+    if (ev.files_changed) return loadRun(state.run);
+    banner(ev.notes || []);
+    state.detail.num_rollouts = ev.num_rollouts;
+    // `first`: the index of the event's first record; the page may already hold some (it fetched the run after
+    // the server read them) or have missed some (then it fetches the run again)
+    const have = state.detail.records.length;
+    if (ev.first > have) return loadRun(state.run);
+    const fresh = (ev.records || []).slice(have - ev.first);
+    if (fresh.length) appendRecords(fresh); else showStep();
+  });
+}
+
+async function loadRuns() {
+  let data;
+  try {
+    data = await api("api/runs");
+  } catch (err) {
+    banner([`the dashboard server did not answer: ${err.message}`]);
+    return;
+  }
+  state.runs = data.runs;
+  if (!data.runs.length) {
+    banner([`no run directories under ${data.root} yet (a run directory holds metrics.jsonl, config.json ` +
+      "or trajectories/); this page updates when one appears"]);
+    return;
+  }
+  const sel = $("#run-select");
+  const wanted = new URLSearchParams(location.hash.slice(1)).get("run");
+  const name = state.run || (data.runs.find((r) => r.name === wanted) || data.runs[0]).name;
+  sel.innerHTML = data.runs.map((r) => `<option${r.name === name ? " selected" : ""}>${R.esc(r.name)}</option>`).join("");
+  await loadRun(name);
+}
+
+document.querySelectorAll("nav a").forEach((a) => a.addEventListener("click", (ev) => {
+  ev.preventDefault();
+  show(a.dataset.view);
+}));
+$("#run-select").addEventListener("change", (ev) => loadRun(ev.target.value));
+$("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); listRollouts(); });
+$("#compare-key").addEventListener("change", renderCompare);
+show(new URLSearchParams(location.hash.slice(1)).get("view") || "overview");
+loadRuns().then(() => {  // the moment the page shows its data (the benchmark's first paint)
+  window.flywheelReadyMs = performance.now();
+  document.body.dataset.ready = "1";
+});
+connect();

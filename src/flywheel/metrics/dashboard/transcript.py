@@ -1,0 +1,193 @@
+"""A trajectory as a person reads it: turns with their text, tool calls, per-token log-probs, and the verdict.
+
+    decoder = TokenDecoder.for_run(Path("runs/demo"), config)     # the run's tokenizer (None if not found)
+    view = transcript_view(traj, decoder)                           # JSON for the page
+
+Why from tokens: a trajectory keeps only what the trainer needs (token ids, loss mask, sampler log-probs and
+versions), so the transcript is rebuilt from them: split at `<|im_start|>`, each turn's role from its header,
+assistant turns parsed with the harness's own tool-call parser (`policy.chat.parse_turn`). Each sampled token
+keeps its text, log-prob and weight version so the page can colour it. Byte-level BPE pieces are joined with an
+incremental UTF-8 decoder, so a character split across tokens is shown once, on the token that completes it.
+Every segment after the first starts from a self-summary: the page marks the boundary.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from flywheel.envs.tools import TOOLS
+from flywheel.policy.chat import IM_END, IM_START, parse_turn
+from flywheel.types import Trajectory
+
+_TOOLS_BY_NAME = {t["name"]: t for t in TOOLS}
+MAX_TURN_CHARS = 20_000  # longer observations are cut in the view (the file on disk keeps every token)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte ↔ printable-character table used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+class TokenDecoder:
+    """Token id → bytes for a byte-level BPE tokenizer (added tokens map to their literal text)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.special = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+        self.im_start = tokenizer.token_to_id(IM_START)
+        self.im_end = tokenizer.token_to_id(IM_END)
+        self._cache: dict[int, bytes] = {}
+
+    @classmethod
+    def from_dir(cls, tokenizer_dir: str | Path) -> TokenDecoder:
+        """The decoder of a tokenizer directory (a HF dir with tokenizer.json)."""
+        return cls(Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json")))
+
+    @classmethod
+    def for_run(cls, run_dir: Path, config: dict[str, Any]) -> TokenDecoder | None:
+        """The tokenizer a run used: `tokenizer.path` from its config, else `<run>/tokenizer`."""
+        tok_cfg = config.get("tokenizer") if isinstance(config.get("tokenizer"), dict) else {}
+        for d in [tok_cfg.get("path"), run_dir / "tokenizer", run_dir / "base_model", run_dir / "final_model"]:
+            if d and (Path(d) / "tokenizer.json").is_file():
+                try:
+                    return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")))
+                except Exception:  # a corrupt tokenizer.json surfaces as many exception types
+                    continue
+        return None
+
+    def piece(self, token_id: int) -> bytes:
+        b = self._cache.get(token_id)
+        if b is None:
+            if token_id in self.special:
+                b = self.special[token_id].encode()
+            else:
+                s = self.tokenizer.id_to_token(token_id)
+                if s is None:
+                    b = f"<unk:{token_id}>".encode()
+                elif all(c in _UNICODE_TO_BYTE for c in s):
+                    b = bytes(_UNICODE_TO_BYTE[c] for c in s)
+                else:  # not a byte-level vocabulary
+                    b = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+            self._cache[token_id] = b
+        return b
+
+    def texts(self, token_ids: list[int]) -> list[str]:
+        """The text each token adds, joined exactly into the decoded string."""
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        out = [dec.decode(self.piece(t)) for t in token_ids]
+        if out:
+            out[-1] += dec.decode(b"", final=True)
+        return out
+
+
+def _turns(seg, decoder: TokenDecoder) -> list[dict[str, Any]]:
+    """Split one segment at `<|im_start|>` into turns; sampled tokens keep log-prob and version."""
+    texts = decoder.texts(seg.token_ids)
+    turns: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+    for i, tid in enumerate(seg.token_ids):
+        if tid == decoder.im_start or cur is None:
+            cur = {"role": "", "header": True, "text": [], "tokens": []}
+            turns.append(cur)
+            if tid == decoder.im_start:
+                continue
+        if cur["header"]:  # the role name up to the header's newline
+            if "\n" in texts[i]:
+                head, _, rest = texts[i].partition("\n")
+                cur["role"] += head
+                cur["header"] = False
+                if rest:
+                    cur["text"].append(rest)
+            else:
+                cur["role"] += texts[i]
+            continue
+        if tid != decoder.im_end:  # the end-of-turn token is no text, but when sampled it keeps its log-prob
+            cur["text"].append(texts[i])
+        if seg.loss_mask[i]:
+            cur["tokens"].append([texts[i], round(seg.logprobs[i], 4), seg.versions[i]])
+        elif cur["tokens"]:
+            cur["tokens"].append([texts[i], None, -1])  # not sampled (e.g. a closing token after a cut turn)
+    out = []
+    for t in turns:
+        text = "".join(t["text"]).rstrip("\n")
+        if t["header"] or (not text.strip() and not t["tokens"]):
+            continue  # a generation prompt (`<|im_start|>assistant\n`) closed unanswered (a summary request)
+        role = t["role"].strip() or "?"
+        turn: dict[str, Any] = {"role": role, "text": text[:MAX_TURN_CHARS],
+                                "truncated": len(text) > MAX_TURN_CHARS}
+        if t["tokens"]:
+            turn["tokens"] = t["tokens"]
+            sampled = [lp for _, lp, _ in t["tokens"] if lp is not None]
+            turn["num_sampled"] = len(sampled)
+            turn["mean_logprob"] = round(sum(sampled) / len(sampled), 4) if sampled else None
+        if role == "assistant":
+            parsed = parse_turn(text, _TOOLS_BY_NAME)
+            turn["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]
+            turn["tool_errors"] = [{"kind": e.kind, "message": e.message} for e in parsed.errors]
+        out.append(turn)
+    return out
+
+
+def transcript_view(traj: Trajectory, decoder: TokenDecoder | None) -> dict[str, Any]:
+    """Everything the transcript page shows, as JSON-ready data."""
+    reward = traj.reward
+    view: dict[str, Any] = {
+        "task": traj.task_id, "group": traj.group_id, "env_failure": traj.env_failure,
+        "num_turns": traj.num_turns, "num_tool_calls": traj.num_tool_calls, "num_tool_errors": traj.num_tool_errors,
+        "reward": None if reward is None else {"value": reward.value, "components": reward.components,
+                                               "flags": reward.flags, "tests": reward.tests},
+        "timings": traj.timings, "meta": {k: v for k, v in traj.meta.items() if k != "diff"},
+        "diff": traj.meta.get("diff"), "min_version": traj.min_version, "segments": []}
+    for n, seg in enumerate(traj.segments):
+        if decoder is None:
+            turns = [{"role": "?", "text": "(no tokenizer found for this run: token ids only) "
+                      + json.dumps(seg.token_ids[:2000])}]
+        else:
+            turns = _turns(seg, decoder)
+        view["segments"].append({"index": n, "num_tokens": len(seg.token_ids),
+                                 "num_sampled": sum(seg.loss_mask), "after_summary": n > 0, "turns": turns})
+    return view
+
+
+def group_view(trajs: list[tuple[int, Trajectory]], decoder: TokenDecoder | None) -> list[dict[str, Any]]:
+    """A GRPO group side by side: each member's verdict and its assistant turns (no per-token data)."""
+    out = []
+    for traj_id, traj in trajs:
+        v = transcript_view(traj, decoder)
+        turns = [{k: t[k] for k in ("role", "text", "tool_calls", "tool_errors") if k in t}
+                 for s in v["segments"] for t in s["turns"] if t["role"] in ("assistant", "tool")]
+        out.append({"id": traj_id, "reward": v["reward"], "env_failure": v["env_failure"], "turns": turns,
+                    "num_segments": len(v["segments"]), "diff": v["diff"], "meta": v["meta"]})
+    return out
+
+
+def transcript_text(view: dict[str, Any]) -> str:
+    """A transcript view as plain text (for trackers): the verdict, then every turn under its role."""
+    r = view["reward"]
+    head = f"task {view['task']} · group {view['group']} · "
+    head += (f"env failure: {view['env_failure']}" if view["env_failure"] else
+             "not graded" if r is None else
+             f"reward {r['value']:.3g} · tests {sum(v == 'passed' for v in r['tests'].values())}/{len(r['tests'])} "
+             f"passed · flags {', '.join(r['flags']) or 'none'}")
+    parts = [head]
+    for seg in view["segments"]:
+        if seg["after_summary"]:
+            parts.append(f"=== segment {seg['index']}: context rebuilt from the self-summary ===")
+        parts += [f"[{t['role']}]\n{t['text']}" for t in seg["turns"]]
+    return "\n\n".join(parts)
