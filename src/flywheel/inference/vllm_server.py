@@ -17,6 +17,8 @@ importable through `PYTHONPATH`. Its stdout and stderr go to `log_path` in the r
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 import os
 import signal
@@ -31,6 +33,16 @@ from pathlib import Path
 import flywheel
 
 WORKER_EXTENSION = "flywheel.inference.vllm_worker.FlywheelWorkerExtension"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the server's child before exec: SIGTERM it when the process that launched it dies (Linux), so a
+    killed node or test never leaves a server behind."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -117,8 +129,9 @@ class VLLMServer:
         log.write(f"\n==== flywheel: {' '.join(self.command())}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
-                                     start_new_session=True, stdin=subprocess.DEVNULL)
+                                     start_new_session=True, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         log.close()
+        atexit.register(self.stop)
         self.num_starts += 1
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:

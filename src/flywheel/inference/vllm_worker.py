@@ -52,6 +52,15 @@ class WeightMap:
         self.slots: dict[str, tuple[str, int, int]] = {}
         for name, shape in shapes.items():
             self.slots[name] = self._place(name, tuple(shape), shapes, packed, tied)
+        fused: dict[str, int] = {}
+        for name, (target, _, rows) in self.slots.items():
+            if target != name and name != "lm_head.weight":
+                fused[target] = fused.get(target, 0) + rows
+        for target, rows in fused.items():  # the blocks must tile the fused parameter exactly
+            p = self.params[target]
+            if p.numel() and rows != p.shape[0]:
+                raise ValueError(f"the tensors packed into vLLM's '{target}' have {rows} rows in all, the parameter "
+                                 f"has {p.shape[0]}: the weights are not of the served architecture")
 
     def _place(self, name: str, shape: tuple[int, ...], shapes: Mapping, packed: dict, tied: bool):
         if name in self.params:
