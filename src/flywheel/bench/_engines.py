@@ -80,7 +80,8 @@ async def _mismatch(engine, model, prompts):
     d = []
     with torch.no_grad():
         for p, g in zip(prompts, gens):
-            lp = token_logprobs(model, torch.tensor([p + g.token_ids]))[0, len(p) - 1:]
+            ids = torch.tensor([p + g.token_ids], device=next(model.parameters()).device)
+            lp = token_logprobs(model, ids)[0, len(p) - 1:].float().cpu()
             d += (lp - torch.tensor(g.logprobs)).tolist()
     t = torch.tensor(d, dtype=torch.float64)
     return float((torch.exp(t) - t - 1).mean()), float(t.abs().max()), len(d)
@@ -101,16 +102,18 @@ def run(args) -> dict:
     if unknown:
         raise ValueError(f"--engines: unknown {sorted(unknown)}; choose from local, vllm, hf")
     num, prange, orange, repeats = (16, (20, 100), (8, 48), 2) if quick else (32, (50, 300), (16, 128), 3)
+    preset, dtype = getattr(args, "preset", None) or "tiny", getattr(args, "dtype", None) or "float32"
     root = Path(tempfile.mkdtemp(prefix="flywheel-bench-engines-"))
     tok = train_tokenizer(default_corpus(300_000), 2048)
-    model = build_model(ModelConfig(preset="tiny", max_seq_len=1024), len(tok), eos_token_id=tok.eos_token_id)
+    model = build_model(ModelConfig(preset=preset, max_seq_len=1024, dtype=dtype), len(tok),
+                        eos_token_id=tok.eos_token_id)
     save_model(model, root / "v0")
     save_tokenizer(tok, root / "v0")
     reqs = _requests(num, prange, orange)
     prompts = [p for p, _ in _requests(8, (16, 64), (1, 1), seed=9)]
-    res = {"config": {"preset": "tiny", "num_parameters": num_parameters(model), "num_sessions": num,
+    res = {"config": {"preset": preset, "num_parameters": num_parameters(model), "num_sessions": num,
                       "prompt_range": prange, "out_range": orange, "repeats": repeats, "quick": quick,
-                      "dtype": "float32", "engines": engines}}
+                      "dtype": dtype, "engines": engines}}
     summary: dict = {}
 
     async def local_part():
@@ -126,14 +129,15 @@ def run(args) -> dict:
     if "hf" in engines:
         summary["hf_tokens_per_s"] = statistics.median(_hf_tokens_per_s(model, reqs, 16) for _ in range(repeats))
     if "vllm" in engines:
-        summary.update(_vllm_part(model, root, reqs, prompts, repeats, res))
+        summary.update(_vllm_part(model, root, reqs, prompts, repeats, res, getattr(args, "vllm", None) or {}))
     summary["targets"] = {"vllm_swap_pause_ms": "<= 100", "vllm_update_s_delta": "<= 0.5 x vllm_update_s_full"}
     res["summary"] = summary
     return res
 
 
-def _vllm_part(model, root: Path, reqs, prompts, repeats, res) -> dict:
-    cfg = InferenceConfig(type="vllm", max_batch_size=64, vllm={"num_threads": 1})
+def _vllm_part(model, root: Path, reqs, prompts, repeats, res, vllm: dict) -> dict:
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    cfg = InferenceConfig(type="vllm", max_batch_size=64, vllm={"num_threads": 1, "dtype": dtype, **vllm})
     eng = VLLMEngine(cfg, model_dir=root / "v0", log_dir=root, max_seq_len=1024)
     out: dict = {}
     try:
