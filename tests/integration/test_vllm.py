@@ -172,7 +172,13 @@ def test_delta_update_matches_full_reload(setup, engine):
     assert m2["version"] == 2
     live = engine.weight_hashes()
     assert live and live == {n: setup.pub.store.read_manifest(2)["tensors"][n]["hash"] for n in live}
-    print(f"\ndelta sync v1: {m}\nreload v1: {engine.update_log[-2]}\ndelta sync v2: {m2}")
+    after_v2 = greedy(engine, ps)
+    # the Engine protocol's update_weights (weight_sync = "reload"): the same tensors, reloaded whole
+    pause_ms = engine.update_weights(2, setup.models[2].state_dict())
+    assert pause_ms > 0 and engine.version == 2
+    assert [(g.token_ids, g.logprobs) for g in greedy(engine, ps)] == [(g.token_ids, g.logprobs) for g in after_v2]
+    print(f"\ndelta sync v1: {m}\nreload v1: {engine.update_log[-3]}\ndelta sync v2: {m2}\n"
+          f"update_weights v2: {engine.update_log[-1]}")
 
 
 def test_request_in_flight_across_swap(setup, engine):

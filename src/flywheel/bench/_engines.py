@@ -157,7 +157,7 @@ def _vllm_part(model, root: Path, reqs, prompts, repeats, res, vllm: dict) -> di
         pub.publish(0, model.state_dict()).result()
         live = copy.deepcopy(model)
         eng.sync_weights(0, store)  # the worker takes the anchor once; every later version is a delta
-        deltas, fulls, pauses = [], [], []
+        deltas, fulls, pauses, delta_bytes = [], [], [], []
         for v in range(1, repeats + 2):
             _perturb(live, v)
             t0 = time.perf_counter()
@@ -165,6 +165,7 @@ def _vllm_part(model, root: Path, reqs, prompts, repeats, res, vllm: dict) -> di
             m = eng.sync_weights(v, store)
             deltas.append(time.perf_counter() - t0)
             pauses.append(m["pause_ms"])
+            delta_bytes.append(m["bytes_fetched"])
             assert m["path"] == "delta", m
             hashes = eng.weight_hashes()
             manifest = pub.store.read_manifest(v)["tensors"]
@@ -179,7 +180,9 @@ def _vllm_part(model, root: Path, reqs, prompts, repeats, res, vllm: dict) -> di
         pub.close()
         out.update(vllm_update_s_delta=statistics.median(deltas[1:]), vllm_update_s_full=statistics.median(fulls[1:]),
                    vllm_swap_pause_ms=statistics.median(pauses[1:]), vllm_delta_bit_identical=True,
-                   vllm_update_s_delta_first=deltas[0], vllm_update_s_full_first=fulls[0])
+                   vllm_update_s_delta_first=deltas[0], vllm_update_s_full_first=fulls[0],
+                   vllm_update_bytes_delta=statistics.median(delta_bytes),
+                   vllm_update_bytes_full=sum(f.stat().st_size for f in (root / "v1").glob("*.safetensors")))
         res["vllm_update_log"] = eng.update_log
     finally:
         eng.close()

@@ -29,6 +29,7 @@ import asyncio
 import base64
 import io
 import json
+import shutil
 import threading
 import time
 import urllib.error
@@ -67,6 +68,7 @@ class VLLMEngine:
         self.url = self.vcfg.url.rstrip("/")
         self.max_model_len = max_seq_len
         self._version = int(version)
+        self._started = False
         self._restore: tuple[str, str] | None = None  # ("store", url) or ("reload", checkpoint dir)
         self._lock = threading.Lock()  # one weight change or restart at a time
         self._timeout = aiohttp.ClientTimeout(total=self.vcfg.request_timeout_s)
@@ -107,9 +109,10 @@ class VLLMEngine:
             raise ValueError(f"the vLLM server at {self.url} serves weights version {label}, this engine starts "
                              f"at version {self._version}: restart the server from the policy's checkpoint")
         self._relabel(self._version)
+        self._started = True
 
     async def start(self) -> None:
-        if not self.url or (self.server is not None and not self.server.alive()):
+        if not self._started or (self.server is not None and not self.server.alive()):
             await asyncio.to_thread(self.start_sync)
 
     async def stop(self) -> None:
@@ -156,7 +159,7 @@ class VLLMEngine:
         """`extra_params`: more vLLM sampling parameters for this request (e.g. `{"min_tokens": 64}`)."""
         body = self.request_body(list(prompt_ids), sampling)
         body["sampling_params"].update(extra_params or {})
-        if not self.url:
+        if not self._started:
             await self.start()
         for attempt in range(self.vcfg.max_restarts + 1):
             t0 = time.perf_counter()
@@ -309,7 +312,11 @@ class VLLMEngine:
         save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(root / "model.safetensors"))
         if self.model_dir and (Path(self.model_dir) / "config.json").is_file():
             (root / "config.json").write_bytes((Path(self.model_dir) / "config.json").read_bytes())
-        return self.reload_weights(version, root)["pause_ms"]
+        pause_ms = self.reload_weights(version, root)["pause_ms"]
+        for old in root.parent.glob("v*"):  # the newest is what a restarted server reloads; older ones go
+            if old != root:
+                shutil.rmtree(old, ignore_errors=True)
+        return pause_ms
 
     def weight_hashes(self, names: list[str] | None = None) -> dict[str, str]:
         """sha256 of each Hugging Face tensor read back from the live vLLM parameters (first worker)."""

@@ -28,12 +28,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import flywheel
 
 WORKER_EXTENSION = "flywheel.inference.vllm_worker.FlywheelWorkerExtension"
 _PR_SET_PDEATHSIG = 1
+
+
+# Servers are forked from this one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that forked the
+# child ends, and a server started from asyncio.to_thread would get SIGTERM when that pool thread retires.
+_LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="vllm-launcher")
 
 
 def _die_with_parent() -> None:
@@ -128,8 +134,9 @@ class VLLMServer:
         log = open(self.log_path, "ab")
         log.write(f"\n==== flywheel: {' '.join(self.command())}\n".encode())
         log.flush()
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
-                                     start_new_session=True, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self.proc = _LAUNCHER.submit(subprocess.Popen, self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     env=self.environment(), start_new_session=True, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent).result()
         log.close()
         atexit.register(self.stop)
         self.num_starts += 1
