@@ -19,7 +19,9 @@ work is split so that the generation pause holds only the copy:
 * `flywheel_apply` (between `/pause?mode=keep` and `/resume`) copies the tensors whose hash changed into the
   live parameters in place, then reads every one of them back out of the live parameter and checks its sha256
   again, so the check covers vLLM's layout too. On a mismatch the old values are copied back and the apply
-  is refused.
+  is refused. CPU builds keep linear weights only in a packed oneDNN layout (an empty parameter is left):
+  there the verified version goes through vLLM's own layer-wise in-place reload from host memory, and the
+  read-back covers the tensors kept as plain parameters (embeddings, norms).
 
 vLLM fuses parameters: `q_proj`/`k_proj`/`v_proj` live as row blocks of `qkv_proj`, `gate_proj`/`up_proj` of
 `gate_up_proj` (the model's `packed_modules_mapping`, in order), embeddings may be padded to a multiple of 64
@@ -199,8 +201,10 @@ class FlywheelWorkerExtension:
                 for n, old in backup.items():
                     wmap.view(n).copy_(old)
             st["subscriber"], st["staging"], st["hashes"] = None, None, {}  # start over from an anchor
+            restored = "the previous weights were restored" if not (repacked and changed) else \
+                "the repacked weights hold the new version: reload the server's checkpoint"
             raise ValueError(f"weights v{version}: {len(bad)} live tensors fail their sha256 after the copy "
-                             f"({bad[:3]}); the previous weights were restored")
+                             f"({bad[:3]}); {restored}")
         st["hashes"], st["version"] = want, int(version)
         staging.tensors = {}
         return {"version": int(version), "num_changed": len(changed), "num_repacked": len(repacked),
