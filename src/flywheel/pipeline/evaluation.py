@@ -23,15 +23,12 @@ async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task
                on_done: Callable[[dict], None] | None) -> EvalResult:
     from flywheel.envs.env import CodingEnv
     from flywheel.envs.tools import tools_for
-    from flywheel.inference.local import build_engine
-    from flywheel.numerics.lm_head import use_fp32_lm_head
+    from flywheel.inference.registry import build_engine
     from flywheel.policy.chat import ChatFormat
-    from flywheel.policy.model import load_model
     from flywheel.rollout.evaluate import evaluate
     from flywheel.rollout.worker import RolloutWorker
 
-    model = use_fp32_lm_head(load_model(model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
-    engine = build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant)
+    engine = build_engine(cfg, model_dir, tokenizer, log_dir=cache_dir, name="vllm-eval")
     await engine.start()
     try:
         rollout = cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})

@@ -1,0 +1,234 @@
+"""The flywheel worker extension: vLLM's workers pull verified weights from the flywheel weight store.
+
+    python -m vllm.entrypoints.openai.api_server --model CKPT \\
+        --worker-extension-cls flywheel.inference.vllm_worker.FlywheelWorkerExtension   # VLLM_SERVER_DEV_MODE=1
+    POST /collective_rpc {"method": "flywheel_prepare", "args": [STORE_URL, "7"]}   # fetch, decode, verify: no pause
+    POST /pause?mode=keep; POST /collective_rpc {"method": "flywheel_apply", "args": ["7"]}
+    POST /update_weight_version {"new_version": "7"}; POST /resume
+
+`flywheel.inference.vllm.VLLMEngine.sync_weights` runs this sequence; nothing else needs to call it.
+
+Why so. The weights reach vLLM the way they reach every flywheel engine: through the weight store, as
+lossless deltas (or an anchor) that the receiver verifies bit for bit (weights/sync.py `Subscriber`, run here
+inside each vLLM worker, so no tensor crosses HTTP and a fleet in another region reads its own relay). The
+work is split so that the generation pause holds only the copy:
+
+* `flywheel_prepare` fetches and decodes the version into host memory and checks every tensor's sha256
+  against the manifest, while vLLM keeps generating. A version whose names, shapes or dtypes do not fit the
+  served model is refused here, and nothing is touched.
+* `flywheel_apply` (between `/pause?mode=keep` and `/resume`) copies the tensors whose hash changed into the
+  live parameters in place, then reads every one of them back out of the live parameter and checks its sha256
+  again, so the check covers vLLM's layout too. On a mismatch the old values are copied back and the apply
+  is refused. CPU builds keep linear weights only in a packed oneDNN layout (an empty parameter is left):
+  there the verified version goes through vLLM's own layer-wise in-place reload from host memory, and the
+  read-back covers the tensors kept as plain parameters (embeddings, norms).
+
+vLLM fuses parameters: `q_proj`/`k_proj`/`v_proj` live as row blocks of `qkv_proj`, `gate_proj`/`up_proj` of
+`gate_up_proj` (the model's `packed_modules_mapping`, in order), embeddings may be padded to a multiple of 64
+rows, and a tied `lm_head.weight` is the embedding itself. `WeightMap` places each Hugging Face tensor in the
+right rows of the right parameter. It supports tensor parallel size 1 (a shard of a fused, row-split parameter
+would need the rank's slice of every block: not built).
+
+`flywheel_reload` is the plain path: vLLM's own in-place loader reads a whole Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from flywheel.weights.sync import Subscriber
+from flywheel.weights.tensors import bits_hash, to_bits
+
+
+class WeightMap:
+    """Where each Hugging Face tensor of a checkpoint lives in a vLLM model (tensor parallel size 1)."""
+
+    def __init__(self, model: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]):
+        self.params = dict(model.named_parameters())
+        packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+        # name -> (parameter name, first row, rows)
+        self.slots: dict[str, tuple[str, int, int]] = {}
+        for name, shape in shapes.items():
+            self.slots[name] = self._place(name, tuple(shape), shapes, packed, tied)
+        fused: dict[str, int] = {}
+        for name, (target, _, rows) in self.slots.items():
+            if target != name and name != "lm_head.weight":
+                fused[target] = fused.get(target, 0) + rows
+        for target, rows in fused.items():  # the blocks must tile the fused parameter exactly
+            p = self.params[target]
+            if p.numel() and rows != p.shape[0]:
+                raise ValueError(f"the tensors packed into vLLM's '{target}' have {rows} rows in all, the parameter "
+                                 f"has {p.shape[0]}: the weights are not of the served architecture")
+
+    def _place(self, name: str, shape: tuple[int, ...], shapes: Mapping, packed: dict, tied: bool):
+        if name in self.params:
+            return name, 0, shape[0] if shape else 0
+        if name == "lm_head.weight" and tied and "model.embed_tokens.weight" in self.params:
+            return "model.embed_tokens.weight", 0, shape[0]
+        parts = name.split(".")
+        for fused, shards in packed.items():
+            for i, shard in enumerate(shards):
+                if shard in parts:
+                    k = parts.index(shard)
+                    target = ".".join(parts[:k] + [fused] + parts[k + 1:])
+                    if target not in self.params:
+                        continue
+                    offset = 0
+                    for prev in shards[:i]:
+                        sibling = ".".join(parts[:k] + [prev] + parts[k + 1:])
+                        if sibling not in shapes:
+                            raise ValueError(f"'{name}' is packed into '{target}' after '{sibling}', which the "
+                                             f"weights do not name")
+                        offset += shapes[sibling][0]
+                    return target, offset, shape[0]
+        raise ValueError(f"tensor '{name}' has no place in the served model (vLLM parameters such as "
+                         f"{list(self.params)[:3]}); is the server serving the policy's architecture?")
+
+    def view(self, name: str) -> torch.Tensor:
+        """The live rows of parameter storage that hold tensor `name` (a view: writes go into the model)."""
+        target, start, rows = self.slots[name]
+        return self.params[target].data[start:start + rows]
+
+    def repacked(self, name: str) -> bool:
+        """True when vLLM keeps this tensor only in a kernel layout (CPU builds pack linear weights for oneDNN
+        and leave an empty parameter): it cannot be copied into or read back in place."""
+        return self.params[self.slots[name][0]].numel() == 0
+
+    def check(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        v = self.view(name)
+        if self.repacked(name):
+            if v.dtype != dtype:
+                raise ValueError(f"'{name}' is {dtype} in the weight store but vLLM serves {v.dtype}: publish in the "
+                                 f"served dtype or set inference.vllm.dtype to match")
+            return
+        if tuple(v.shape) != tuple(shape):
+            raise ValueError(f"'{name}' has shape {tuple(shape)}; its place in vLLM's '{self.slots[name][0]}' has "
+                             f"{tuple(v.shape)}")
+        if v.dtype != dtype:
+            raise ValueError(f"'{name}' is {dtype} in the weight store but vLLM serves {v.dtype}: publish in the "
+                             f"served dtype or set inference.vllm.dtype to match")
+
+
+def live_hash(view: torch.Tensor) -> str:
+    """sha256 of a live parameter slice's raw bytes (the manifest's hash)."""
+    return bits_hash(to_bits(view.detach().cpu()))
+
+
+class _Staging:
+    """The Subscriber's engine while preparing: validates and keeps the verified tensors, touches nothing."""
+
+    def __init__(self, ext: FlywheelWorkerExtension):
+        self.ext = ext
+        self.version: int | None = None
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def update_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> float:
+        wmap = self.ext.flywheel_map({k: tuple(t.shape) for k, t in tensors.items()})
+        for name, t in tensors.items():
+            wmap.check(name, t.dtype, tuple(t.shape))
+        self.version, self.tensors = int(version), dict(tensors)
+        return 0.0
+
+
+class FlywheelWorkerExtension:
+    """Mixed into vLLM's Worker class; every public method is callable through `/collective_rpc`.
+
+    Arguments arrive as strings (vLLM's HTTP `/collective_rpc` passes only strings); results are dicts."""
+
+    def _fw_state(self) -> dict[str, Any]:
+        state = getattr(self, "_flywheel", None)
+        if state is None:
+            state = self._flywheel = {"subscriber": None, "url": None, "staging": None, "map": None,
+                                      "hashes": {}, "version": None}
+        return state
+
+    def _fw_model(self) -> torch.nn.Module:
+        return self.model_runner.get_model()
+
+    def flywheel_map(self, shapes: Mapping[str, tuple[int, ...]]) -> WeightMap:
+        st = self._fw_state()
+        if st["map"] is None or set(st["map"].slots) != set(shapes):
+            st["map"] = WeightMap(self._fw_model(), shapes)
+        return st["map"]
+
+    def flywheel_prepare(self, store_url: str, version: str) -> dict:
+        """Fetch, decode and verify the store's newest version (at least `version`) into host memory."""
+        t0 = time.perf_counter()
+        st = self._fw_state()
+        if st["subscriber"] is None or st["url"] != store_url:
+            st["staging"] = _Staging(self)
+            st["subscriber"] = Subscriber(store_url, st["staging"], streams=8, num_threads=1)
+            st["url"] = store_url
+        sub, staging = st["subscriber"], st["staging"]
+        sub.poll()
+        if sub.version is None or sub.version < int(version) or staging.version != sub.version:
+            raise ValueError(f"weights v{version} could not be prepared from '{store_url}': {sub.last_error}")
+        m = dict(sub.metrics[-1]) if sub.metrics else {}
+        return {"version": staging.version, "path": m.get("path"), "bytes_fetched": m.get("bytes_fetched"),
+                "num_tensors": len(staging.tensors), "prepare_ms": (time.perf_counter() - t0) * 1e3}
+
+    def flywheel_apply(self, version: str) -> dict:
+        """Copy the prepared version into the live parameters, read it back and verify every hash."""
+        t0 = time.perf_counter()
+        st = self._fw_state()
+        staging = st["staging"]
+        if staging is None or staging.version != int(version):
+            have = None if staging is None else staging.version
+            raise ValueError(f"weights v{version} were not prepared (prepared: v{have}); call flywheel_prepare first")
+        sub, wmap = st["subscriber"], st["map"]
+        manifest = sub.source.read_manifest(int(version))
+        want = {name: t["hash"] for name, t in manifest["tensors"].items()}
+        changed = [n for n in staging.tensors if st["hashes"].get(n) != want[n]]
+        repacked = [n for n in staging.tensors if wmap.repacked(n)]
+        backup = {n: wmap.view(n).clone() for n in changed if not wmap.repacked(n)}
+        with torch.no_grad():
+            if repacked and changed:
+                # Kernel layouts (CPU builds): vLLM's own layer-wise reload places and repacks every tensor
+                # (from host memory: the verified version, no disk). Tensors vLLM keeps as plain parameters
+                # are read back and checked below like on the in-place path.
+                self.model_runner.reload_weights(weights_iterator=iter(list(staging.tensors.items())))
+            else:
+                for n in changed:
+                    wmap.view(n).copy_(staging.tensors[n].to(wmap.view(n).device))
+        copy_ms = (time.perf_counter() - t0) * 1e3
+        bad = [n for n in want if not wmap.repacked(n) and live_hash(wmap.view(n)) != want[n]]
+        if bad:
+            with torch.no_grad():
+                for n, old in backup.items():
+                    wmap.view(n).copy_(old)
+            st["subscriber"], st["staging"], st["hashes"] = None, None, {}  # start over from an anchor
+            restored = "the previous weights were restored" if not (repacked and changed) else \
+                "the repacked weights hold the new version: reload the server's checkpoint"
+            raise ValueError(f"weights v{version}: {len(bad)} live tensors fail their sha256 after the copy "
+                             f"({bad[:3]}); {restored}")
+        st["hashes"], st["version"] = want, int(version)
+        staging.tensors = {}
+        return {"version": int(version), "num_changed": len(changed), "num_repacked": len(repacked),
+                "num_verified_live": len(want) - len(repacked), "copy_ms": copy_ms,
+                "apply_ms": (time.perf_counter() - t0) * 1e3}
+
+    def flywheel_hashes(self, names: str = "") -> dict:
+        """sha256 of each tensor (Hugging Face names, comma-separated; '' = those of the last version applied)
+        read back from the live parameters."""
+        st = self._fw_state()
+        wmap = st["map"]
+        if wmap is None:
+            raise ValueError("no flywheel weights were applied yet; the tensor layout is unknown")
+        wanted = names.split(",") if names else list(wmap.slots)
+        return {n: live_hash(wmap.view(n)) for n in wanted if not wmap.repacked(n)}
+
+    def flywheel_reload(self, path: str, version: str) -> dict:
+        """The plain path: vLLM's in-place loader reads the whole checkpoint at `path`."""
+        t0 = time.perf_counter()
+        self.model_runner.reload_weights(weights_path=path)
+        st = self._fw_state()
+        st["subscriber"], st["staging"], st["hashes"], st["version"] = None, None, {}, int(version)
+        return {"version": int(version), "reload_ms": (time.perf_counter() - t0) * 1e3}
+
+
+
