@@ -256,7 +256,7 @@ class ShardedPublisher:
 
         records = dict(self._pool.map(encode, owned.items()))
         encode_ms = (time.perf_counter() - t1) * 1e3
-        self._prev = {k: np.array(v, copy=True) for k, v in owned.items()}
+        self._prev = owned  # views of this publish's own snapshot (a fresh copy) or assembled arrays: no copy
         self._layouts = layouts
         gathered = self.group.gather_objects({"records": records, "encode_ms": encode_ms, "sent": sent})
         result: Any = None
