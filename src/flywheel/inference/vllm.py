@@ -320,7 +320,7 @@ class VLLMEngine:
         return pause_ms
 
     def weight_hashes(self, names: list[str] | None = None) -> dict[str, str]:
-        """sha256 of each Hugging Face tensor read back from the live vLLM parameters (first worker)."""
+        """The manifest hash of each Hugging Face tensor read back from the live vLLM parameters (first worker)."""
         return self.rpc("flywheel_hashes", ",".join(names or []))[0]
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from flywheel.weights.sync import Subscriber
-from flywheel.weights.tensors import bits_hash, to_bits
+from flywheel.weights.tensors import bits_hash, manifest_hash, to_bits
 
 
 class WeightMap:
@@ -114,9 +114,11 @@ class WeightMap:
                              f"served dtype or set inference.vllm.dtype to match")
 
 
-def live_hash(view: torch.Tensor) -> str:
-    """sha256 of a live parameter slice's raw bytes (the manifest's hash)."""
-    return bits_hash(to_bits(view.detach().cpu()))
+def live_hash(view: torch.Tensor, entry: dict | None = None, manifest_format: int = 1) -> str:
+    """The hash a manifest records for a live parameter slice's raw bytes: `entry` is the tensor's manifest entry
+    (format 2 hashes per-chunk digests, weights/tensors.py); without one, sha256 of the whole tensor (format 1)."""
+    bits = to_bits(view.detach().cpu())
+    return bits_hash(bits) if entry is None else manifest_hash(bits, entry, manifest_format)
 
 
 class _Staging:
@@ -196,7 +198,9 @@ class FlywheelWorkerExtension:
                 for n in changed:
                     wmap.view(n).copy_(staging.tensors[n].to(wmap.view(n).device))
         copy_ms = (time.perf_counter() - t0) * 1e3
-        bad = [n for n in want if not wmap.repacked(n) and live_hash(wmap.view(n)) != want[n]]
+        fmt = int(manifest.get("format", 1))
+        bad = [n for n in want
+               if not wmap.repacked(n) and live_hash(wmap.view(n), manifest["tensors"][n], fmt) != want[n]]
         if bad:
             with torch.no_grad():
                 for n, old in backup.items():
@@ -206,21 +210,23 @@ class FlywheelWorkerExtension:
                 "the repacked weights hold the new version: reload the server's checkpoint"
             raise ValueError(f"weights v{version}: {len(bad)} live tensors fail their sha256 after the copy "
                              f"({bad[:3]}); {restored}")
-        st["hashes"], st["version"] = want, int(version)
+        st["hashes"], st["version"], st["manifest"] = want, int(version), manifest
         staging.tensors = {}
         return {"version": int(version), "num_changed": len(changed), "num_repacked": len(repacked),
                 "num_verified_live": len(want) - len(repacked), "copy_ms": copy_ms,
                 "apply_ms": (time.perf_counter() - t0) * 1e3}
 
     def flywheel_hashes(self, names: str = "") -> dict:
-        """sha256 of each tensor (Hugging Face names, comma-separated; '' = those of the last version applied)
-        read back from the live parameters."""
+        """The manifest hash of each tensor (Hugging Face names, comma-separated; '' = those of the last version
+        applied) read back from the live parameters."""
         st = self._fw_state()
         wmap = st["map"]
         if wmap is None:
             raise ValueError("no flywheel weights were applied yet; the tensor layout is unknown")
         wanted = names.split(",") if names else list(wmap.slots)
-        return {n: live_hash(wmap.view(n)) for n in wanted if not wmap.repacked(n)}
+        manifest = st.get("manifest") or {"tensors": {}}
+        fmt = int(manifest.get("format", 1))
+        return {n: live_hash(wmap.view(n), manifest["tensors"].get(n), fmt) for n in wanted if not wmap.repacked(n)}
 
     def flywheel_reload(self, path: str, version: str) -> dict:
         """The plain path: vLLM's in-place loader reads the whole checkpoint at `path`."""
