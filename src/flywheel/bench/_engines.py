@@ -61,7 +61,8 @@ async def _workload(engine, reqs, forced: bool):
 
 
 @torch.inference_mode()
-def _hf_tokens_per_s(model, reqs, batch_size):
+def hf_generate_wall_s(model, reqs, batch_size):
+    """Wall seconds of HF `generate()` over `reqs` ([(prompt ids, new tokens)]) in left-padded static batches."""
     t0 = time.perf_counter()
     for i in range(0, len(reqs), batch_size):
         batch = reqs[i:i + batch_size]
@@ -69,9 +70,10 @@ def _hf_tokens_per_s(model, reqs, batch_size):
         ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
         n = max(n for _, n in batch)
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                       pad_token_id=0)
-    return sum(n for _, n in reqs) / (time.perf_counter() - t0)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0)
+        assert out.shape[1] == width + n
+    return time.perf_counter() - t0
 
 
 async def _mismatch(engine, model, prompts):
@@ -127,7 +129,8 @@ def run(args) -> dict:
         rate, k3, mx, n = asyncio.run(local_part())
         summary.update(local_tokens_per_s=rate, local_trainer_k3=k3, local_trainer_max_abs_dlogp=mx)
     if "hf" in engines:
-        summary["hf_tokens_per_s"] = statistics.median(_hf_tokens_per_s(model, reqs, 16) for _ in range(repeats))
+        summary["hf_tokens_per_s"] = statistics.median(sum(n for _, n in reqs) / hf_generate_wall_s(model, reqs, 16)
+                                                        for _ in range(repeats))
     if "vllm" in engines:
         summary.update(_vllm_part(model, root, reqs, prompts, repeats, res, getattr(args, "vllm", None) or {}))
     summary["targets"] = {"vllm_swap_pause_ms": "<= 100", "vllm_update_s_delta": "<= 0.5 x vllm_update_s_full"}

@@ -47,21 +47,6 @@ async def _engine_workload(engine, reqs):
 
 
 @torch.inference_mode()
-def _hf_generate_workload(model, reqs, batch_size):
-    t0 = time.perf_counter()
-    for i in range(0, len(reqs), batch_size):
-        batch = reqs[i:i + batch_size]
-        width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
-        n = max(n for _, n in batch)
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, pad_token_id=0)
-        assert out.shape[1] == width + n
-    return time.perf_counter() - t0
-
-
-@torch.inference_mode()
 def _hf_forward_decode_s(model, batch, prompt_len, num_tokens):
     ids = torch.randint(0, 2048, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
     out = model(input_ids=ids, use_cache=True)
@@ -166,7 +151,7 @@ def run(args) -> dict:
 
     eng = asyncio.run(engine_part())
     model.load_state_dict(build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048).state_dict())
-    hf_walls = [_hf_generate_workload(model, reqs, hf_batch)]
+    hf_walls = [_engines.hf_generate_wall_s(model, reqs, hf_batch)]
     hf = {"workload_wall_s": statistics.median(hf_walls)}
     for b in (1, 8, 32):
         fwd = statistics.median(_hf_forward_decode_s(model, b, decode_prompt, decode_tokens) for _ in range(repeats))
