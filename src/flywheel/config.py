@@ -346,6 +346,10 @@ class MetricsConfig(Section):
     transcripts_every: int = Field(0, ge=0, description="trainer steps between sample transcripts (the batch's best "
                                                         "and worst) sent to the trackers; 0 = never")
     report: bool = Field(True, description="write report.html at the end of a run")
+    trainer_logprobs_per_step: int = Field(
+        8, ge=-1, le=1_000_000, description="trained trajectories per trainer step (spread over the batch) whose "
+        "per-token trainer log-probs are written, as Δ log p to the sampler's, to <run_dir>/trainer_logprobs.jsonl "
+        "for the rollout browser's mismatch colouring (~8 bytes per sampled token); -1 = all, 0 = none")
 
 
 class NumericsConfig(Section):

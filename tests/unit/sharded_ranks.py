@@ -8,9 +8,11 @@ a sharded publish of every version; rank 0 writes the metrics and the full weigh
 for the test's comparison only). `resume`: a fresh group loads the step-2 checkpoint and takes step 3 again; a
 single-process checkpoint (OUT/single_run, written by the test) is loaded into the group and step 2 taken; then
 one step of the tiny MoE with the sampler's routing replayed (`moe_batch()`); step 1 with packed sequences; step 1
-with activation checkpointing.
+with activation checkpointing; then one step in batch-invariant mode on the engine's trajectories (OUT/bi_batch.json,
+written by the test with `engine_batch()`): rank 0 writes the trainer's recomputed log-probs and the weights.
 """
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -20,11 +22,12 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from flywheel.config import ModelConfig, TrainerConfig
+from flywheel.inference.local import LocalEngine
 from flywheel.policy.model import build_model
 from flywheel.trainer.distributed import close_group, init_group, local_state_bytes, shard_model
 from flywheel.trainer.replay import record_routing
 from flywheel.trainer.train import Trainer
-from flywheel.types import Reward, Segment, Trajectory
+from flywheel.types import Reward, SamplingParams, Segment, Trajectory
 from flywheel.weights.sharded import ShardedPublisher
 
 VOCAB = 64
@@ -82,6 +85,31 @@ def moe_batch() -> list[Trajectory]:
         e = rec.experts()
         seg.routed_experts = [[] if not m or i == 0 else e[i - 1].tolist() for i, m in enumerate(seg.loss_mask)]
         out.append(traj)
+    return out
+
+
+def bi_config(world_size: int) -> TrainerConfig:
+    """Batch-invariant step: a budget that packs the 8 sessions of `engine_batch()` into 2 micro-batches."""
+    return TrainerConfig(world_size=world_size, lr=1e-3, grad_clip=0.0, micro_batch_tokens=200)
+
+
+def engine_batch() -> list[Trajectory]:
+    """8 sessions sampled by the engine in batch-invariant mode (prompts of 3-20 tokens, 6-13 new tokens, all
+    in one engine batch), as trajectories whose sampler log-probs the trainer must reproduce bit for bit."""
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, VOCAB, (int(torch.randint(3, 21, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(8)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=6 + i, seed=i) for i in range(8)]
+
+    async def sample():
+        async with LocalEngine(model(), batch_invariant=True) as engine:
+            return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
+
+    out = []
+    for i, (p, gen) in enumerate(zip(prompts, asyncio.run(sample()))):
+        seg = Segment(token_ids=p + gen.token_ids, loss_mask=[0] * len(p) + [1] * len(gen.token_ids),
+                      logprobs=[0.0] * len(p) + gen.logprobs, versions=[-1] * len(p) + gen.versions)
+        out.append(Trajectory(task_id="t", group_id=f"bi{i % 2}", segments=[seg], reward=Reward(value=float(i % 3 == 0))))
     return out
 
 
@@ -146,6 +174,17 @@ def main(phase: str, out: Path) -> None:
         full = full_weights(ac)
         if group.is_main:
             save_file(full, out / "ac_weights_1.safetensors")
+    if phase == "resume" and (out / "bi_batch.json").exists():  # batch-invariant mode, sharded
+        bi_batch = [Trajectory.from_dict(d) for d in json.loads((out / "bi_batch.json").read_text())]
+        bi = shard_model(model(), group, bi_config(2))
+        bi_trainer = Trainer(bi, bi_config(2), group=group, batch_invariant=True)
+        bi_metrics = bi_trainer.step(bi_batch)
+        recomputed = [bi_trainer.recomputed_logprobs(i) for i in range(len(bi_batch))]
+        full = full_weights(bi)
+        if group.is_main:
+            save_file(full, out / "bi_weights_1.safetensors")
+            (out / "bi_recomputed.json").write_text(json.dumps(recomputed))
+        records.append({"version": 1, "metrics": bi_metrics, "batch_invariant": True})
     every = group.all_gather_objects(records)
     if group.is_main:
         (out / f"{phase}.json").write_text(json.dumps(every))

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sharded_ranks import CHUNK_MB, batches, model, moe_batch, moe_model, trainer_config  # noqa: E402
+from sharded_ranks import CHUNK_MB, batches, bi_config, engine_batch, model, moe_batch, moe_model, trainer_config  # noqa: E402
 
 from flywheel.trainer.distributed import assign_micro_batches  # noqa: E402
 from flywheel.trainer.sharded_checkpoint import is_sharded  # noqa: E402
@@ -53,6 +53,7 @@ def runs(tmp_path_factory):
     single = Trainer(model(), trainer_config(1, 1), run_dir=out / "single_run")  # for the 1 -> 2 ranks load
     single.step(batches()[0])
     single.save_checkpoint({"data_position": 1})
+    (out / "bi_batch.json").write_text(json.dumps([t.to_dict() for t in engine_batch()]))
     torchrun("resume", out)
     return out
 
@@ -115,6 +116,32 @@ def test_packed_sequences_sharded_match_one_process(runs):
     assert m2["loss"] == m1["loss"]
     w2 = load_file(runs / "packed_weights_1.safetensors")
     assert all(torch.equal(single.model.state_dict()[k], w2[k]) for k in w2)
+
+
+def test_batch_invariant_two_ranks_reproduce_the_engines_logprobs_bitwise(runs):
+    """numerics.batch_invariant with trainer.world_size = 2: each rank recomputes the log-probs of its own
+    micro-batch with FSDP-gathered weights, and every sampled token's log-prob equals the engine's bit for bit;
+    the step's weights equal a one-process batch-invariant step's bit for bit (one micro-batch per rank)."""
+    batch = [t for t in (json.loads((runs / "bi_batch.json").read_text()))]
+    recomputed = json.loads((runs / "bi_recomputed.json").read_text())
+    m2 = next(r for r in records(runs, "resume")[0] if r.get("batch_invariant"))["metrics"]
+    assert m2["num_micro_batches"] == 2.0  # one per rank: the rows were split across the two ranks
+    assert m2["mismatch/max_abs_diff"] == 0.0 and m2["mismatch/k3"] == 0.0 and m2["entropy"] > 0
+    num_tokens = 0
+    for traj, lps in zip(batch, recomputed):
+        seg, = traj["segments"]
+        for i, (m, lp) in enumerate(zip(seg["loss_mask"], lps[0])):
+            assert (lp is None) == (not m or i == 0)
+            if m:
+                assert lp == seg["logprobs"][i], f"token {i} of {traj['group_id']}: {lp} != {seg['logprobs'][i]}"
+                num_tokens += 1
+    assert num_tokens == sum(sum(t["segments"][0]["loss_mask"]) for t in batch) > 50
+    single = Trainer(model(), bi_config(1), batch_invariant=True)
+    m1 = single.step(engine_batch())
+    assert m1["mismatch/max_abs_diff"] == 0.0 and m2["loss"] == m1["loss"] and m2["entropy"] == m1["entropy"]
+    w2 = load_file(runs / "bi_weights_1.safetensors")
+    assert all(torch.equal(single.model.state_dict()[k], w2[k]) for k in w2)
+    assert any(not torch.equal(w2[k], model().state_dict()[k]) for k in w2)  # it did train
 
 
 def test_activation_checkpointing_changes_no_bit(runs):

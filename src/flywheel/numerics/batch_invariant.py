@@ -23,6 +23,7 @@ Right padding is assumed (positions 0..T-1 in every row), as the trainer collate
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,9 @@ import torch.nn.functional as F
 
 from flywheel.numerics.attention import sequence_attention
 from flywheel.numerics.qwen3 import Qwen3Runner, linear, mix_experts, rms_norm, supports
+
+MODEL_METHOD = "flywheel_bi_forward"  # the model's attribute running the whole batch-invariant forward
+LAYER_METHOD = "flywheel_bi_block"  # each decoder layer's attribute running its block
 
 
 @dataclass
@@ -83,14 +87,26 @@ def moe_block(runner: Qwen3Runner, mlp, h: torch.Tensor, replay: torch.Tensor | 
 
 
 class BatchInvariantForward:
-    """Logits of whole sequences with the engine's batch-invariant math (see the module docstring)."""
+    """Logits of whole sequences with the engine's batch-invariant math (see the module docstring).
 
-    def __init__(self, model, max_seq_len: int | None = None):
+    With `module_methods=True` the whole forward and each decoder layer's block are set as attributes of the
+    modules (`MODEL_METHOD` on the model, `LAYER_METHOD` on each layer) and called through them, so that a sharded
+    trainer can have FSDP all-gather a layer's parameters around its block and reduce-scatter its gradients
+    after its backward (`trainer/distributed.py`, `register_fsdp_forward_method`): the math reads whole weight
+    tensors, which under FSDP exist only inside those calls. (Off by default: the attributes hold this object,
+    so the model could no longer be deep-copied.)"""
+
+    def __init__(self, model, max_seq_len: int | None = None, *, module_methods: bool = False):
         check_model(model)
         self.model = model
         self.max_seq_len = int(max_seq_len or model.config.max_position_embeddings)
         self.runner = Qwen3Runner(model, self.max_seq_len, batch_invariant=True)
         self.num_moe_layers = sum(hasattr(layer.mlp, "experts") for layer in self.runner.layers)
+        self.module_methods = bool(module_methods)
+        if self.module_methods:
+            for layer in self.runner.layers:
+                setattr(layer, LAYER_METHOD, functools.partial(self._block, layer))
+            setattr(model, MODEL_METHOD, self._forward)
 
     def __call__(self, input_ids: torch.Tensor, routed_experts: torch.Tensor | None = None, *,
                  apply_replay: bool = True) -> tuple[torch.Tensor, RoutingStats]:
@@ -101,7 +117,7 @@ class BatchInvariantForward:
         b, t = input_ids.shape
         if t > self.max_seq_len:
             raise ValueError(f"sequences of {t} tokens exceed the context of {self.max_seq_len}; shorten them")
-        run, model = self.runner, self.model
+        run = self.runner
         if routed_experts is not None:
             if not run.is_moe:
                 raise ValueError("routed experts were given for a dense model; pass routed_experts=None")
@@ -109,26 +125,48 @@ class BatchInvariantForward:
                 raise ValueError(f"routed_experts must be [{b}, {t}, {self.num_moe_layers}, {run.top_k}]; "
                                  f"got {tuple(routed_experts.shape)}")
             routed_experts = routed_experts.to(device=run.device, dtype=torch.long)
+        forward = getattr(self.model, MODEL_METHOD) if self.module_methods else self._forward
+        logits, agree, replayed = forward(input_ids.to(run.device), routed_experts, apply_replay)
+        return logits, RoutingStats(agree, replayed)
+
+    def _forward(self, input_ids: torch.Tensor, routed_experts: torch.Tensor | None, apply_replay: bool):
+        """The whole forward: (logits [B, T, V], per-MoE-layer agreed and replayed counts)."""
+        run, model = self.runner, self.model
+        b, t = input_ids.shape
         n = b * t
-        ids = input_ids.to(run.device).reshape(n)
-        x = F.embedding(ids, model.model.embed_tokens.weight)  # [N, D]
+        x = F.embedding(input_ids.reshape(n), model.model.embed_tokens.weight)  # [N, D]
         cos = run.cos[:t].repeat(b, 1)  # [N, hd], positions 0..T-1 per row
         sin = run.sin[:t].repeat(b, 1)
-        stats = RoutingStats()
+        agree: list[int] = []
+        replayed: list[int] = []
         moe_layer = 0
         for layer in run.layers:
-            attn = layer.self_attn
-            h = rms_norm(x, layer.input_layernorm.weight, run.eps)
-            q, k, v = run._qkv(attn, h, cos, sin)  # [N, H, hd], [N, KV, hd]
-            o = sequence_attention(q.view(b, t, run.num_heads, run.head_dim),
-                                   k.view(b, t, run.num_kv_heads, run.head_dim),
-                                   v.view(b, t, run.num_kv_heads, run.head_dim), run.scaling).reshape(n, -1)
-            x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
-            h = rms_norm(x, layer.post_attention_layernorm.weight, run.eps)
-            if hasattr(layer.mlp, "experts"):
-                replay = None if routed_experts is None else routed_experts[:, :, moe_layer].reshape(n, -1)
-                x = x + moe_block(run, layer.mlp, h, replay, stats, apply_replay)
-                moe_layer += 1
-            else:
-                x = x + run._mlp(layer.mlp, h)[0]
-        return run._logits(x).view(b, t, -1), stats
+            replay = None
+            if routed_experts is not None and hasattr(layer.mlp, "experts"):
+                replay = routed_experts[:, :, moe_layer].reshape(n, -1)
+            block = getattr(layer, LAYER_METHOD) if self.module_methods else functools.partial(self._block, layer)
+            x, counts = block(x, cos, sin, b, t, replay, apply_replay)
+            if counts is not None:
+                agree.append(counts[0])
+                replayed.append(counts[1])
+            moe_layer += hasattr(layer.mlp, "experts")
+        return run._logits(x).view(b, t, -1), agree, replayed
+
+    def _block(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, b: int, t: int,
+               replay: torch.Tensor | None, apply_replay: bool):
+        """One decoder layer on x [N = B*T, D]: (x, (agreed, replayed) when experts were replayed, else None)."""
+        run = self.runner
+        n = b * t
+        attn = layer.self_attn
+        h = rms_norm(x, layer.input_layernorm.weight, run.eps)
+        q, k, v = run._qkv(attn, h, cos, sin)  # [N, H, hd], [N, KV, hd]
+        o = sequence_attention(q.view(b, t, run.num_heads, run.head_dim),
+                               k.view(b, t, run.num_kv_heads, run.head_dim),
+                               v.view(b, t, run.num_kv_heads, run.head_dim), run.scaling).reshape(n, -1)
+        x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
+        h = rms_norm(x, layer.post_attention_layernorm.weight, run.eps)
+        if not hasattr(layer.mlp, "experts"):
+            return x + run._mlp(layer.mlp, h)[0], None
+        stats = RoutingStats()
+        x = x + moe_block(run, layer.mlp, h, replay, stats if replay is not None else None, apply_replay)
+        return x, ((stats.layer_agree[0], stats.layer_replayed[0]) if replay is not None else None)

@@ -87,10 +87,13 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     Sessions that failed outside the policy have no reward and are left out (the buffer counts them)."""
     from flywheel.rollout.evaluate import solved
 
+    starts = sorted(1000 * t.timings["sandbox_start_s"] for g in groups for t in g if "sandbox_start_s" in t.timings)
+    sandbox = {"sandbox/startup_ms_p50": statistics.median(starts),
+               "sandbox/startup_ms_max": starts[-1]} if starts else {}
     trajs = [t for g in groups for t in g if t.reward is not None]
     if not trajs:
-        return {}
-    return {"rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
+        return sandbox
+    return {**sandbox, "rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
             "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
             "rollout/num_all": float(len(trajs)),
             "rollout/submitted": statistics.fmean(float(bool(t.meta.get("submitted"))) for t in trajs),
@@ -271,12 +274,13 @@ def _weights_metrics(trainer) -> dict[str, float]:
 
 
 def _node_metrics(node_stats: dict) -> dict[str, float]:
+    """The nodes' newest figures: sandbox counts summed over nodes, everything else averaged."""
     out: dict[str, list[float]] = {}
     for stats in node_stats.values():
         for k, v in stats.items():
             if isinstance(v, (int, float)):
                 out.setdefault(k, []).append(float(v))
-    return {k: statistics.fmean(v) for k, v in out.items()}
+    return {k: sum(v) if k.startswith("sandbox/") else statistics.fmean(v) for k, v in out.items()}
 
 
 def _install_stop_handlers(stop_event: threading.Event):

@@ -23,6 +23,7 @@ from pathlib import Path
 from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.pacing import Permits, paced
 from flywheel.orchestrator.task_sampler import task_sampler
+from flywheel.sandbox.sandbox import num_open
 from flywheel.types import Task, Trajectory
 
 
@@ -42,6 +43,14 @@ class NodeSpec:
     max_groups_in_flight: int = 4
     region: str = ""  # Ray backend: the region label; store_url is then that region's relay URL
     extra: dict = field(default_factory=dict)
+
+
+def sandbox_stats(num_start_failures: int, num_open_now: int, num_running: int) -> dict[str, float]:
+    """A node's sandbox gauges: start failures (cumulative), sandboxes open now, and leaks: those open beyond what
+    the running sessions can hold (each its own and, while it is graded, one more). A lower bound of the leaked
+    sandboxes while sessions run, exact between them."""
+    return {"sandbox/failures": float(num_start_failures), "sandbox/open": float(num_open_now),
+            "sandbox/leaks": float(max(0, num_open_now - 2 * num_running))}
 
 
 class InferenceNode:
@@ -159,6 +168,7 @@ class InferenceNode:
             m = self.subscriber.metrics[-1]
             s.update({"weights/pause_ms": m.get("pause_ms", 0.0), "weights/apply_ms": m.get("total_ms", 0.0)})
         s.update({f"rollout/{k}": float(v) for k, v in self.worker.counters.items()})
+        s.update(sandbox_stats(self.worker.counters["sandbox_start_failures"], num_open(), self.worker.num_running))
         s.update(self.sampler.stats())
         if hasattr(self.grader, "stats"):
             s.update(self.grader.stats())

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.config import FlywheelConfig
+from flywheel.metrics.dashboard.trainer_logprobs import TrainerLogprobsWriter, sample_indices
 from flywheel.orchestrator.source import TrainerHandle
 from flywheel.types import Trajectory
 
@@ -73,6 +74,9 @@ class TrainerService:
         if main and latest is not None and latest > self.trainer.version:  # killed after publishing, before checkpointing
             store.drop_versions_after(self.trainer.version)
         self.store_url = store.url
+        # a sample of each batch's recomputed per-token log-probs, for the rollout browser (rank 0 writes)
+        self.logprobs_writer = (TrainerLogprobsWriter(run_dir_p) if main and cfg.metrics.trainer_logprobs_per_step
+                                else None)
         if group is not None:
             group.barrier()  # the store's versions are settled before any rank reads them
             self.publisher = ShardedPublisher.from_config(store, group, cfg.weights)
@@ -93,7 +97,12 @@ class TrainerService:
         return self.trainer.version
 
     def step(self, batch: list[Trajectory]) -> dict[str, float]:
-        return self.trainer.step(batch)
+        metrics = self.trainer.step(batch)
+        if self.logprobs_writer is not None and not metrics.get("step_skipped"):
+            items = [(batch[i], lps) for i in sample_indices(len(batch), self.cfg.metrics.trainer_logprobs_per_step)
+                     if (lps := self.trainer.recomputed_logprobs(i)) is not None]
+            metrics["trainer/logprobs_written_kb"] = self.logprobs_writer.write(self.trainer.version, items) / 1e3
+        return metrics
 
     def publish(self) -> None:
         """Publish the current version (encoding runs on the publisher's thread)."""

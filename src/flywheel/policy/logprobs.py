@@ -30,3 +30,12 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     """
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **forward_kwargs)
     return logprobs_from_logits(out.logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits / T) at each position, in float32. logits [..., V] -> [...]."""
+    logits = logits.float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)

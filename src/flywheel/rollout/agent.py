@@ -36,6 +36,10 @@ class EnvironmentFailure(RuntimeError):
     """The session broke for a reason outside the policy (sandbox, grader or engine error)."""
 
 
+class SandboxStartFailure(EnvironmentFailure):
+    """The session's sandbox (or its task workspace) could not be started: `env.reset` failed."""
+
+
 class _ContextFull(Exception):
     """The engine refused to extend the context (it is at the model's limit): the session ends there."""
 
@@ -124,8 +128,9 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
         try:
             messages = await asyncio.to_thread(env.reset, task)
         except Exception as err:  # the sandbox or the task broke before the policy acted
-            raise EnvironmentFailure(f"reset failed for task {task.id}: {err}") from err
-        timings["env_s"] += time.monotonic() - t0
+            raise SandboxStartFailure(f"reset failed for task {task.id}: {err}") from err
+        timings["sandbox_start_s"] = time.monotonic() - t0  # reset: the sandbox and its workspace (base cached)
+        timings["env_s"] += timings["sandbox_start_s"]
         head = _task_messages(messages)
         seg.observe(chat.render(messages))
         while traj.num_turns < max_turns:

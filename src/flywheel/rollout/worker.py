@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from flywheel.config import RolloutConfig
-from flywheel.rollout.agent import EnvironmentFailure, run_session
+from flywheel.rollout.agent import EnvironmentFailure, SandboxStartFailure, run_session
 from flywheel.types import Task, Trajectory
 
 
@@ -28,12 +28,14 @@ class RolloutWorker:
         self.cfg = cfg
         self._slots = asyncio.Semaphore(cfg.concurrency)
         self.counters: Counter[str] = Counter()
+        self.num_running = 0  # sessions between their env's creation and the end of run_session (env closed)
 
     async def run_one(self, task: Task, group_id: str, seed: int | None) -> Trajectory:
         last_error = ""
         for attempt in range(self.cfg.max_env_retries + 1):
             async with self._slots:
                 env = self.env_factory()
+                self.num_running += 1
                 try:
                     traj = await run_session(self.engine, self.chat, env, task, self.cfg, group_id=group_id,
                                              seed=None if seed is None else seed + 7919 * attempt)
@@ -44,6 +46,10 @@ class RolloutWorker:
                 except EnvironmentFailure as err:
                     last_error = str(err)
                     self.counters["env_failures"] += 1
+                    if isinstance(err, SandboxStartFailure):
+                        self.counters["sandbox_start_failures"] += 1
+                finally:
+                    self.num_running -= 1
         self.counters["env_failed_sessions"] += 1
         return Trajectory(task_id=task.id, group_id=group_id, env_failure=last_error)
 

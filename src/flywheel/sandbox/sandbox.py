@@ -169,6 +169,11 @@ class Sandbox(Protocol):
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # sandboxes not yet closed: closed at interpreter exit
 
 
+def num_open() -> int:
+    """Sandboxes of this process that were started and not yet closed (a leak shows as a count that grows)."""
+    return sum(1 for sb in list(_LIVE) if not sb._closed)
+
+
 @atexit.register
 def _close_live() -> None:
     for sb in list(_LIVE):

@@ -22,6 +22,10 @@ Why it is built so:
   the padded tokens per rank differ by at most one micro-batch). The packing does not depend on the world size,
   so every rank computes the very same micro-batches a single device would; a rank with fewer micro-batches
   runs zero-weight filler forwards, because every FSDP forward and backward is a collective all ranks must join.
+* **Batch-invariant mode** (`numerics.batch_invariant`) runs the engine's own math (numerics/batch_invariant.py)
+  instead of the HF forward; FSDP's hooks are registered on its per-layer block (`register_batch_invariant`), so
+  each block sees its layer's whole parameters, all-gathered exactly. A row's log-probs then do not depend on the
+  rank or micro-batch that holds it (docs/training.md, "Batch invariance across ranks").
 * **Objects and small tensors travel on a gloo group** (the default group on CPU; a second one beside NCCL), so
   the batch, old log-probs and metrics never need a device copy.
 """
@@ -36,9 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from flywheel.config import TrainerConfig
+from flywheel.numerics.batch_invariant import LAYER_METHOD, MODEL_METHOD
 
 MESH_DIMS = ("dp_shard",)  # tensor and expert parallel would add dimensions here (config.MeshConfig)
 
@@ -146,6 +151,16 @@ def shard_model(model: torch.nn.Module, group: RankGroup, cfg: TrainerConfig) ->
     fully_shard(model, **kwargs)
     assert isinstance(model, FSDPModule)
     return model
+
+
+def register_batch_invariant(model: torch.nn.Module) -> None:
+    """Batch-invariant mode on a sharded model (after `BatchInvariantForward(model)` set its methods): FSDP runs
+    its forward hooks around each decoder layer's block and around the whole forward, as around `forward`: the
+    layer's parameters are all-gathered (an exact copy of every shard) just before its block and freed after it,
+    gathered again for its backward, and its gradients reduce-scattered when that backward ends."""
+    for layer in decoder_layers(model):
+        register_fsdp_forward_method(layer, LAYER_METHOD)
+    register_fsdp_forward_method(model, MODEL_METHOD)
 
 
 def loss_scale(group: RankGroup | None) -> float:

@@ -27,7 +27,13 @@ every `checkpoint_every` steps; without it the caller saves when `checkpoint_due
 its state to `save_checkpoint` (orchestrator/loop.py does that).
 
 Batch-invariant mode (`batch_invariant=True`, numerics.batch_invariant): log-probs come from the engine's
-native math (numerics/batch_invariant.py), bit-identical to the engine's; see docs/numerics.md.
+native math (numerics/batch_invariant.py), bit-identical to the engine's; see docs/numerics.md. Sharded, FSDP
+all-gathers each layer's parameters around that math (distributed.register_batch_invariant), so every rank
+computes a row's log-probs bit-identically to one process and to the engine (docs/training.md says where
+invariance across ranks holds and where it does not).
+
+After a step, `recomputed_logprobs(i)` gives the trainer's log-prob of each sampled token of the batch's i-th
+trajectory (the old log-probs the off-policy correction used), for the rollout browser's mismatch colouring.
 
 Sharded (`group=RankGroup`, trainer/distributed.py; the model already FSDP2-wrapped): every rank is given the
 whole batch and computes the same rows, advantages and micro-batches; the micro-batches are dealt to ranks by
@@ -54,12 +60,12 @@ from torch.distributed.tensor import DTensor
 
 from flywheel.config import TrainerConfig
 from flywheel.numerics.batch_invariant import BatchInvariantForward, check_model
-from flywheel.policy.logprobs import logprobs_from_logits
+from flywheel.policy.logprobs import entropy_from_logits, logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
 from flywheel.trainer import sharded_checkpoint as sckpt
 from flywheel.trainer.advantages import compute_advantages, weight_negatives
-from flywheel.trainer.distributed import RankGroup, assign_micro_batches, local_state_bytes, loss_scale
+from flywheel.trainer.distributed import RankGroup, assign_micro_batches, local_state_bytes, loss_scale, register_batch_invariant
 from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.trainer.packing import pack_by_tokens, packed_layout
@@ -76,11 +82,12 @@ REPLAY_SHIFT = 1  # routed_experts[i] is replayed at input position i - REPLAY_S
 class Row:
     """One segment, target-aligned: position j predicts input_ids[j + 1]."""
 
-    seq: int  # index of its trajectory in the batch (sequence id for seq-level IS and seq_mean)
+    seq: int  # index of its trajectory among the trained ones (sequence id for seq-level IS and seq_mean)
     input_ids: list[int]  # [L]
     mask: list[int]  # [L - 1]
     sampler_logprobs: list[float]  # [L - 1]
     routed_experts: list | None  # [L] of [layers][k] or [] (input-aligned after the shift), None if none
+    segment: int = 0  # index of the segment in its trajectory
 
 
 def validate_trajectory(traj: Trajectory) -> str | None:
@@ -103,7 +110,7 @@ def rows_from_trajectories(batch: list[Trajectory]) -> list[Row]:
     """Flatten trajectories into target-aligned rows (segments without loss tokens are dropped)."""
     rows = []
     for seq, traj in enumerate(batch):
-        for s in traj.segments:
+        for k, s in enumerate(traj.segments):
             mask = [1 if m else 0 for m in s.loss_mask[1:]]  # the first token has no prediction
             if len(s.token_ids) < 2 or not any(mask):
                 continue
@@ -113,7 +120,7 @@ def rows_from_trajectories(batch: list[Trajectory]) -> list[Row]:
                 for i, e in enumerate(s.routed_experts):
                     if e and s.loss_mask[i] and i - REPLAY_SHIFT >= 0:
                         experts[i - REPLAY_SHIFT] = e
-            rows.append(Row(seq, list(s.token_ids), mask, [float(x) for x in s.logprobs[1:]], experts))
+            rows.append(Row(seq, list(s.token_ids), mask, [float(x) for x in s.logprobs[1:]], experts, k))
     return rows
 
 
@@ -157,9 +164,6 @@ class Trainer:
             if cfg.pack_sequences:
                 raise ValueError("numerics.batch_invariant scores right-padded rows; set trainer.pack_sequences = "
                                  "false or numerics.batch_invariant = false")
-            if group is not None:
-                raise ValueError("numerics.batch_invariant reads whole weight tensors, which a sharded trainer never "
-                                 "holds; set numerics.batch_invariant = false or trainer.world_size = 1")
             for m in (model, ref_model):
                 if m is not None:
                     check_model(m)
@@ -169,6 +173,9 @@ class Trainer:
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self.state_bytes: dict[str, int] = {}
+        # the last step's old log-probs and loss mask [rows, T - 1], each row's (batch index, segment), and the
+        # segment lengths of each trained trajectory (by batch index)
+        self._recomputed: tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]], dict[int, list[int]]] | None = None
         self._moe_shape = None
         if is_moe(model):  # sampler routing is collated for replay and for the agreement metric
             routers = moe_routers(model)
@@ -223,24 +230,34 @@ class Trainer:
         return {"input_ids": ids.to(self.device), "attention_mask": None, "position_ids": pos.to(self.device),
                 "unpack": unpack.to(self.device), "experts": experts}
 
-    def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool, measure: bool = False):
+    def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool, measure: bool = False,
+                  entropy: list[torch.Tensor] | None = None):
         """Target log-probs [b, T-1] (fp32) and the router agreement stats of this forward (`num_agree`,
         `num_replayed`, per-layer `layer_agree` / `layer_replayed`). The sampler's routing is replayed when
-        `replay` and trainer.router_replay; with `measure` the agreement is counted even without replay."""
+        `replay` and trainer.router_replay; with `measure` the agreement is counted even without replay. With
+        `entropy` (a list) the policy's entropy at each position [b, T-1] is appended to it."""
         apply = self.cfg.router_replay
         experts = mb["experts"] if replay and (apply or measure) else None
         if self.batch_invariant:
             fwd = self._bi_forwards.get(id(model))
             if fwd is None:
-                fwd = self._bi_forwards[id(model)] = BatchInvariantForward(model)
+                fwd = self._bi_forwards[id(model)] = BatchInvariantForward(model, module_methods=self.group is not None)
+                if self.group is not None:  # FSDP gathers each layer's parameters around its block
+                    register_batch_invariant(model)
             logits, stats = fwd(mb["input_ids"], experts, apply_replay=apply)
+            if entropy is not None:
+                entropy.append(entropy_from_logits(logits[:, :-1], self.temperature))
             return logprobs_from_logits(logits[:, :-1], mb["input_ids"][:, 1:], self.temperature), stats
         with router_replay(model, experts, apply=apply) as stats, self._autocast():
             out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                         position_ids=mb.get("position_ids"), use_cache=False)
             lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.temperature)
+            ent = entropy_from_logits(out.logits[:, :-1], self.temperature) if entropy is not None else None
         if "unpack" in mb:  # packed: each row's target log-probs, back in the padded [rows, T - 1] layout
             lp = lp[0, mb["unpack"]]
+            ent = ent[0, mb["unpack"]] if ent is not None else None
+        if entropy is not None:
+            entropy.append(ent)
         return lp, stats
 
     @staticmethod
@@ -300,11 +317,13 @@ class Trainer:
         """`trainer.update_epochs` optimizer steps over `batch` (one new version); returns float metrics
         (see docs/training.md; loss, clip and grad-norm figures are those of the last epoch)."""
         t0 = time.perf_counter()
-        good, num_skipped = [], 0
-        for traj in batch:
+        good, good_index, num_skipped = [], [], 0
+        self._recomputed = None
+        for i, traj in enumerate(batch):
             why = validate_trajectory(traj)
             if why is None:
                 good.append(traj)
+                good_index.append(i)
             else:
                 num_skipped += 1
                 log.warning("trainer skips trajectory %s of task %s: %s", traj.group_id, traj.task_id, why)
@@ -333,10 +352,12 @@ class Trainer:
         ref = torch.zeros((len(rows), t_max)) if self.cfg.kl_coef > 0 else None
         layer_agree: list[int] = []
         layer_replayed: list[int] = []
+        entropy_sum = 0.0  # policy entropy summed over this rank's loss tokens
         self.model.eval()
         with torch.no_grad():
             for g, mb in zip(groups, micro):
-                lp, st = self._logprobs(self.model, mb, replay=True, measure=True)
+                ents: list[torch.Tensor] = []
+                lp, st = self._logprobs(self.model, mb, replay=True, measure=True, entropy=ents)
                 if g is None:
                     if ref is not None:
                         self._logprobs(self.ref_model, mb, replay=False)
@@ -346,10 +367,13 @@ class Trainer:
                     layer_replayed = [a + b for a, b in
                                       zip(st.layer_replayed, layer_replayed or [0] * len(st.layer_replayed))]
                 old[g, :lp.shape[1]] = lp.cpu()
+                ent_mask = self._pad([rows[i].mask for i in g], lp.shape[1])
+                entropy_sum += float((ents[0].float().cpu() * ent_mask).sum())
                 if ref is not None:
                     ref[g, :lp.shape[1]] = self._logprobs(self.ref_model, mb, replay=False)[0].cpu()
         if self.group is not None:  # each rank filled its own rows; the others are 0, so a sum completes them
             self.group.all_reduce_sum(old)
+            entropy_sum = float(self.group.all_reduce_sum(torch.tensor([entropy_sum], dtype=torch.float64)))
             if ref is not None:
                 self.group.all_reduce_sum(ref)
             if self._moe_shape is not None:
@@ -366,6 +390,8 @@ class Trainer:
         mism = mismatch_metrics(old, sampler, mask, tis_cap=self.cfg.tis_cap, icepop_alpha=self.cfg.icepop_alpha,
                                 icepop_beta=self.cfg.icepop_beta, seq_ids=seq_ids)
         row_adv = advantages[seq_ids]
+        self._recomputed = (old, mask, [(good_index[r.seq], r.segment) for r in rows],
+                            {good_index[k]: [len(s.token_ids) for s in t.segments] for k, t in enumerate(good)})
 
         # 2. forward/backward per micro-batch with global weights, then one optimizer step; `update_epochs`
         # times over the same batch (the old log-probs stay those of step 1, so the PPO clip bounds the move)
@@ -386,6 +412,7 @@ class Trainer:
             "loss": sums["loss"], "pg_loss": sums["pg_loss"],
             "kl": sums["kl"] / num_loss_tokens,
             "clip_frac": sums["clip"] / num_loss_tokens,
+            "entropy": entropy_sum / num_loss_tokens,
             "ratio_mean": sums["ratio"] / num_loss_tokens,
             "grad_norm": grad_norm, "lr": float(self.optimizer.param_groups[0]["lr"]),
             "reward_mean": float(torch.tensor(rewards).float().mean()),
@@ -410,6 +437,26 @@ class Trainer:
         if self.extra_state_fn is not None and self.checkpoint_due():
             self.save_checkpoint(self.extra_state_fn())
         return metrics
+
+    def recomputed_logprobs(self, index: int) -> list[list[float | None]] | None:
+        """The last step's recomputed (old) log-prob of every token of its batch's `index`-th trajectory, per
+        segment, as the off-policy correction used them; None at tokens without one (prompt, observations, the
+        first token). None when that trajectory was not trained on (skipped) or no step has run."""
+        if self._recomputed is None:
+            return None
+        old, mask, where, lengths = self._recomputed
+        if index not in lengths:
+            return None
+        out: list[list[float | None]] = [[None] * n for n in lengths[index]]
+        for r, (i, k) in enumerate(where):
+            if i != index:
+                continue
+            seg = out[k]
+            values, on = old[r, :len(seg) - 1].tolist(), mask[r, :len(seg) - 1].tolist()
+            for j, (v, m) in enumerate(zip(values, on)):
+                if m:
+                    seg[j + 1] = v
+        return out
 
     # ------------------------------------------------------------------ weights and checkpoints
 

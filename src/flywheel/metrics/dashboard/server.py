@@ -28,6 +28,7 @@ from aiohttp import web
 
 from flywheel.metrics.dashboard.diff import RunTasks, replay_diff
 from flywheel.metrics.dashboard.runindex import RunIndex, discover_runs
+from flywheel.metrics.dashboard.trainer_logprobs import TrainerLogprobs, trajectory_key
 from flywheel.metrics.dashboard.transcript import TokenDecoder, group_view, transcript_view
 
 STATIC = Path(__file__).with_name("static")
@@ -63,6 +64,7 @@ class Dashboard:
         self.runs: dict[str, RunIndex] = {}
         self.decoders: dict[str, TokenDecoder | None] = {}
         self.tasks: dict[str, RunTasks] = {}
+        self.trainer_logprobs: dict[str, TrainerLogprobs] = {}
         self.subscribers: set[asyncio.Queue] = set()
         self._lock = threading.Lock()  # one poll at a time; handlers read what a finished poll left
         self.refresh()
@@ -97,6 +99,14 @@ class Dashboard:
             run = self.run(name)
             self.decoders[name] = TokenDecoder.for_run(run.path, run.config)
         return self.decoders[name]
+
+    def trainer_record(self, name: str, traj) -> dict[str, Any] | None:
+        """The trainer's recomputed log-probs of `traj` (trainer_logprobs.jsonl), if it wrote them."""
+        index = self.trainer_logprobs.get(name)
+        if index is None:
+            index = self.trainer_logprobs[name] = TrainerLogprobs(self.run(name).path)
+        index.poll()
+        return index.get(trajectory_key(traj))
 
     def final_diff(self, name: str, task_id: str, view: dict[str, Any]) -> dict[str, Any]:
         """The session's final diff: recorded in the trajectory, else replayed on the run's task (diff.py)."""
@@ -221,7 +231,8 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
             traj = await asyncio.to_thread(run.trajectories.load, traj_id)
         except (KeyError, ValueError) as err:
             return _json({"error": f"rollout {request.match_info['id']!r} of run {name!r}: {err}"}, status=404)
-        view = transcript_view(traj, dash.decoder(name))
+        trainer = await asyncio.to_thread(dash.trainer_record, name, traj)
+        view = transcript_view(traj, dash.decoder(name), trainer)
         diff = await asyncio.to_thread(dash.final_diff, name, traj.task_id, view)
         return _json({"id": traj_id, **view, "diff": diff["diff"], "diff_note": diff["note"],
                       "row": run.trajectories.rows[traj_id]})

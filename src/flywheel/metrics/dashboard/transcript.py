@@ -6,7 +6,8 @@
 Why from tokens: a trajectory keeps only what the trainer needs (token ids, loss mask, sampler log-probs and
 versions), so the transcript is rebuilt from them: split at `<|im_start|>`, each turn's role from its header,
 assistant turns parsed with the harness's own tool-call parser (`policy.chat.parse_turn`). Each sampled token
-keeps its text, log-prob and weight version so the page can colour it. Byte-level BPE pieces are joined with an
+keeps its text, log-prob and weight version so the page can colour it, and, for the trajectories the trainer
+wrote its recomputed log-probs of (trainer_logprobs.py), Δ log p = trainer − sampler. Byte-level BPE pieces are joined with an
 incremental UTF-8 decoder, so a character split across tokens is shown once, on the token that completes it.
 Every segment after the first starts from a self-summary: the page marks the boundary.
 """
@@ -96,8 +97,9 @@ class TokenDecoder:
         return out
 
 
-def _turns(seg, decoder: TokenDecoder) -> list[dict[str, Any]]:
-    """Split one segment at `<|im_start|>` into turns; sampled tokens keep log-prob and version."""
+def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None) -> list[dict[str, Any]]:
+    """Split one segment at `<|im_start|>` into turns; sampled tokens keep log-prob and version, and with
+    `dlogp` (one per token) their Δ log p (trainer − sampler) as a fourth entry."""
     texts = decoder.texts(seg.token_ids)
     turns: list[dict[str, Any]] = []
     cur: dict[str, Any] | None = None
@@ -120,7 +122,10 @@ def _turns(seg, decoder: TokenDecoder) -> list[dict[str, Any]]:
         if tid != decoder.im_end:  # the end-of-turn token is no text, but when sampled it keeps its log-prob
             cur["text"].append(texts[i])
         if seg.loss_mask[i]:
-            cur["tokens"].append([texts[i], round(seg.logprobs[i], 4), seg.versions[i]])
+            tok = [texts[i], round(seg.logprobs[i], 4), seg.versions[i]]
+            if dlogp is not None:
+                tok.append(dlogp[i] if i < len(dlogp) else None)
+            cur["tokens"].append(tok)
         elif cur["tokens"]:
             cur["tokens"].append([texts[i], None, -1])  # not sampled (e.g. a closing token after a cut turn)
     out = []
@@ -133,9 +138,12 @@ def _turns(seg, decoder: TokenDecoder) -> list[dict[str, Any]]:
                                 "truncated": len(text) > MAX_TURN_CHARS}
         if t["tokens"]:
             turn["tokens"] = t["tokens"]
-            sampled = [lp for _, lp, _ in t["tokens"] if lp is not None]
+            sampled = [tok[1] for tok in t["tokens"] if tok[1] is not None]
             turn["num_sampled"] = len(sampled)
             turn["mean_logprob"] = round(sum(sampled) / len(sampled), 4) if sampled else None
+            deltas = [abs(tok[3]) for tok in t["tokens"] if len(tok) > 3 and tok[3] is not None]
+            if deltas:
+                turn["max_abs_dlogp"] = max(deltas)
         if role == "assistant":
             parsed = parse_turn(text, _TOOLS_BY_NAME)
             turn["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]
@@ -144,8 +152,11 @@ def _turns(seg, decoder: TokenDecoder) -> list[dict[str, Any]]:
     return out
 
 
-def transcript_view(traj: Trajectory, decoder: TokenDecoder | None) -> dict[str, Any]:
-    """Everything the transcript page shows, as JSON-ready data."""
+def transcript_view(traj: Trajectory, decoder: TokenDecoder | None,
+                    trainer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the transcript page shows, as JSON-ready data. `trainer`: the trajectory's record of
+    `trainer_logprobs.jsonl` (its `dlogp` per segment and token, and the trainer `step`), if any."""
+    dlogps = trainer.get("dlogp") if trainer else None
     reward = traj.reward
     view: dict[str, Any] = {
         "task": traj.task_id, "group": traj.group_id, "env_failure": traj.env_failure,
@@ -153,13 +164,14 @@ def transcript_view(traj: Trajectory, decoder: TokenDecoder | None) -> dict[str,
         "reward": None if reward is None else {"value": reward.value, "components": reward.components,
                                                "flags": reward.flags, "tests": reward.tests},
         "timings": traj.timings, "meta": {k: v for k, v in traj.meta.items() if k != "diff"},
-        "diff": traj.meta.get("diff"), "min_version": traj.min_version, "segments": []}
+        "diff": traj.meta.get("diff"), "min_version": traj.min_version, "segments": [],
+        "trainer_step": trainer.get("step") if dlogps else None}
     for n, seg in enumerate(traj.segments):
         if decoder is None:
             turns = [{"role": "?", "text": "(no tokenizer found for this run: token ids only) "
                       + json.dumps(seg.token_ids[:2000])}]
         else:
-            turns = _turns(seg, decoder)
+            turns = _turns(seg, decoder, dlogps[n] if dlogps and n < len(dlogps) else None)
         view["segments"].append({"index": n, "num_tokens": len(seg.token_ids),
                                  "num_sampled": sum(seg.loss_mask), "after_summary": n > 0, "turns": turns})
     return view

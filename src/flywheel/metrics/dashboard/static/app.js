@@ -16,7 +16,7 @@ const TILES = [
   ["mismatch k3", ["mismatch/k3"], 1, ""],
   ["max |Δ log p|", ["mismatch/max_abs_diff"], 1, ""],
   ["clip fraction", ["clip_frac"], 1, ""],
-  ["entropy", ["entropy", "policy/entropy"], 1, ""],
+  ["policy entropy", ["entropy", "policy/entropy"], 1, " nats"],
   ["tokens/s (sampled)", ["throughput/tokens_per_s_k"], 1000, ""],
   ["trainer tokens/s", ["tokens_per_s"], 1, ""],
   ["trainer busy", ["trainer/busy"], 1, ""],
@@ -26,6 +26,9 @@ const TILES = [
   ["engine pause", ["weights/pause_ms"], 1, " ms"],
   ["tool errors / rollout", ["rollout/tool_errors"], 1, ""],
   ["env failures", ["buffer/env_failures"], 1, ""],
+  ["sandbox start-up p50", ["sandbox/startup_ms_p50"], 1, " ms"],
+  ["sandbox start failures", ["sandbox/failures"], 1, ""],
+  ["sandbox leaks", ["sandbox/leaks"], 1, ""],
   ["anti-cheat flags", ["flags/total"], 1, ""],
 ];
 // and every key about sandboxes, timeouts, truncation, failures, leaks, or a flag kind

@@ -49,10 +49,22 @@ const FlywheelRollouts = (() => {
         `<tr class="test ${esc(v)}"><td>${esc(id)}</td><td>${esc(v)}</td></tr>`).join("")}</table></div>`);
   }
 
-  // colour of a sampled token: by probability (red = unlikely) or by the weight version that sampled it
+  // how far a |Δ log p| is along the mismatch scale: 0 at 0 (and below 1e-7), 1 at 0.1 and above (log scale)
+  function mismatchLevel(d) {
+    const a = Math.abs(d);
+    return a <= 1e-7 ? 0 : Math.min(1, Math.max(0, (Math.log10(a) + 7) / 6));
+  }
+
+  // colour of a sampled token: by probability (red = unlikely), by the weight version that sampled it, or by the
+  // train–inference mismatch |Δ log p| (trainer − sampler; white = none, red = 0.1 or more; grey = not recomputed)
   function tokenStyle(tok, mode, maxVersion) {
-    const [, lp, version] = tok;
+    const [, lp, version, dlp] = tok;
     if (lp === null) return "background:#eee";
+    if (mode === "mismatch") {
+      if (dlp === undefined || dlp === null) return "background:#eee";
+      const s = mismatchLevel(dlp);
+      return `background:hsl(${Math.round(50 - 50 * s)},90%,${Math.round(97 - 37 * s)}%)`;
+    }
     if (mode === "logprob") {
       const p = Math.exp(lp);
       return `background:hsl(${Math.round(120 * p)},80%,${Math.round(75 + 15 * p)}%)`;
@@ -68,7 +80,8 @@ const FlywheelRollouts = (() => {
     if (mode !== "text" && turn.tokens) {
       return `<pre class="text tokens">${turn.tokens.map((t) =>
         `<span style="${tokenStyle(t, mode, maxVersion)}" title="${t[1] === null ? "not sampled" :
-          `log p ${t[1]}, version ${t[2]}`}">${esc(t[0])}</span>`).join("")}</pre>`;
+          `log p ${t[1]}, version ${t[2]}` + (t.length > 3 && t[3] !== null ? `, Δ log p ${t[3]}` : "")}"` +
+        `${t.length > 3 && t[3] !== null ? ` data-dlogp="${t[3]}"` : ""}>${esc(t[0])}</span>`).join("")}</pre>`;
     }
     return `<pre class="text">${esc(turn.text)}${turn.truncated ? "\n[… cut in this view …]" : ""}</pre>`;
   }
@@ -81,7 +94,8 @@ const FlywheelRollouts = (() => {
     for (const e of turn.tool_errors || []) {
       calls += `<div class="tool-call error"><b>unusable call (${esc(e.kind)})</b> ${esc(e.message)}</div>`;
     }
-    const stats = turn.num_sampled ? ` · ${turn.num_sampled} sampled tokens, mean log p ${fmt(turn.mean_logprob)}` : "";
+    const stats = (turn.num_sampled ? ` · ${turn.num_sampled} sampled tokens, mean log p ${fmt(turn.mean_logprob)}` : "") +
+      (turn.max_abs_dlogp !== undefined ? ` · max |Δ log p| ${fmt(turn.max_abs_dlogp)}` : "");
     return `<div class="turn ${esc(turn.role)}"><div class="role">${esc(turn.role)}${stats}</div>` +
       turnBody(turn, mode, maxVersion) + calls + "</div>";
   }
@@ -96,9 +110,13 @@ const FlywheelRollouts = (() => {
       ` · first sampled by version ${view.min_version} · ${meta}</div>` +
       (maxVersion >= 0 && view.segments.some((s) => s.turns.some((t) => t.tokens)) ?
         `<label>colour tokens <select class="colour-mode">` +
-        ["text", "logprob", "version"].map((m) => `<option value="${m}"${m === mode ? " selected" : ""}>${
-          {text: "plain text", logprob: "by sampler probability", version: "by weight version"}[m]}</option>`).join("") +
-        `</select></label> <span class="hint">train–inference mismatch per token is not stored in trajectories</span>`
+        ["text", "logprob", "version", ...(view.trainer_step != null ? ["mismatch"] : [])].map((m) =>
+          `<option value="${m}"${m === mode ? " selected" : ""}>${{text: "plain text", logprob: "by sampler probability",
+            version: "by weight version", mismatch: "by train–inference mismatch |Δ log p|"}[m]}</option>`).join("") +
+        `</select></label> <span class="hint">${view.trainer_step != null ?
+          `Δ log p = trainer − sampler, recomputed at trainer step ${view.trainer_step} (white 0, red ≥ 0.1, log scale)` :
+          "no trainer log-probs for this rollout: the trainer writes them for metrics.trainer_logprobs_per_step " +
+          "trajectories of each batch"}</span>`
         : "");
     for (const seg of view.segments) {
       if (seg.after_summary) {
