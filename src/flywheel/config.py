@@ -170,8 +170,19 @@ class MeshConfig(Section):
 
     dp_shard: int = Field(-1, ge=-1, le=65_536, description="ranks each parameter, gradient and optimizer state is "
                           "sharded over (FSDP2); -1 = all of trainer.world_size")
-    tp: int = Field(1, ge=1, le=1, description="tensor-parallel degree; reserved, only 1 is built")
-    ep: int = Field(1, ge=1, le=1, description="expert-parallel degree; reserved, only 1 is built")
+    tp: int = Field(1, ge=1, le=65_536, description="tensor-parallel degree; reserved: only 1 is built, any other "
+                    "value is refused")
+    ep: int = Field(1, ge=1, le=65_536, description="expert-parallel degree; reserved: only 1 is built, any other "
+                    "value is refused")
+
+    @model_validator(mode="after")
+    def _check_reserved(self) -> MeshConfig:
+        for name, what in (("tp", "tensor"), ("ep", "expert")):
+            if getattr(self, name) != 1:
+                raise ValueError(f"trainer.mesh.{name} = {getattr(self, name)}: {what} parallelism is reserved in the "
+                                 f"config but not built; the sharded trainer shards data-parallel only (FSDP2 over "
+                                 f"trainer.world_size ranks). Set trainer.mesh.{name} = 1 (docs/training.md)")
+        return self
 
 
 class TrainerConfig(Section):

@@ -38,6 +38,16 @@ def test_out_of_bounds_value_names_bound():
     assert "trainer.lr" in str(e.value) and "greater than 0" in str(e.value)
 
 
+@pytest.mark.parametrize("key, what", [("tp", "tensor"), ("ep", "expert")])
+def test_reserved_parallelism_is_refused_with_what_to_change(key, what):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["--trainer.world_size", "2", f"--trainer.mesh.{key}", "2"])
+    msg = str(e.value)
+    assert f"trainer.mesh.{key} = 2" in msg and f"{what} parallelism is reserved" in msg
+    assert f"Set trainer.mesh.{key} = 1" in msg
+    assert load_config(None, ["--trainer.world_size", "2", f"--trainer.mesh.{key}", "1"]).trainer.mesh.dp_shard == -1
+
+
 def test_bad_literal_lists_choices():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["--orchestrator.mode", "fast"])

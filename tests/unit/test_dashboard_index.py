@@ -25,6 +25,12 @@ from flywheel.metrics.dashboard.runindex import (
     full_summaries,
 )
 from flywheel.metrics.dashboard.server import Dashboard, build_app, check_binding
+from flywheel.metrics.dashboard.trainer_logprobs import (
+    TrainerLogprobs,
+    TrainerLogprobsWriter,
+    sample_indices,
+    trajectory_key,
+)
 from flywheel.metrics.dashboard.transcript import TokenDecoder, transcript_view
 from flywheel.orchestrator.loop import AdmittedLog
 from flywheel.policy.chat import ChatFormat
@@ -236,3 +242,44 @@ def test_the_final_diff_replays_the_edit_calls(group, tok, tmp_path):
     other = generate_tasks(1, seed=9, split="train", difficulty="easy")[0]
     save_tasks([other], tmp_path / "tasks" / "more.jsonl")  # written later: found on the next miss
     assert tasks.get(other.id).files == other.files
+
+
+def test_trainer_logprobs_reach_the_transcript_by_content_key(group, tok, tmp_path):
+    """The trainer's recomputed log-probs of a sample (trainer_logprobs.jsonl) are found by the transcript's
+    content key and shown per token as Δ log p; a trajectory it wrote none for, or a broken line, shows none."""
+    assert sample_indices(32, 8) == [0, 4, 9, 13, 18, 22, 27, 31] and sample_indices(3, -1) == [0, 1, 2]
+    assert sample_indices(5, 0) == [] and sample_indices(5, 1) == [0] and sample_indices(2, 8) == [0, 1]
+    fix = next(t for t in group if t.meta["script"] == "fix")
+    other = next(t for t in group if t is not fix)
+    assert trajectory_key(fix) != trajectory_key(other) and trajectory_key(fix) == trajectory_key(fix)
+    # the trainer's log-prob = the sampler's + 0.25 on the first sampled token, + 3e-7 elsewhere, none off-mask
+    first = fix.segments[0].loss_mask.index(1)
+    lps = [[(s + (0.25 if i == first else 3e-7)) if m and i else None
+            for i, (m, s) in enumerate(zip(seg.loss_mask, seg.logprobs))] for seg in fix.segments]
+    log = AdmittedLog(tmp_path / "trajectories" / "admitted.jsonl")
+    log.append(group)
+    log.close()
+    save_tokenizer(tok, tmp_path / "tokenizer")
+    written = TrainerLogprobsWriter(tmp_path).write(3, [(fix, lps)])
+    with (tmp_path / "trainer_logprobs.jsonl").open("a") as f:
+        f.write("not json\n")
+    assert 0 < written < 20 * sum(sum(s.loss_mask) for s in fix.segments) + 200  # small: Δ to 3 digits
+    index = TrainerLogprobs(tmp_path)
+    assert index.poll() == 1 and index.tail.problems[0].line == 2 and index.get(trajectory_key(other)) is None
+    view = transcript_view(fix, TokenDecoder(tok.backend_tokenizer), index.get(trajectory_key(fix)))
+    assert view["trainer_step"] == 3
+    toks = [t for s in view["segments"] for turn in s["turns"] for t in turn.get("tokens", []) if t[1] is not None]
+    assert len(toks) == sum(sum(s.loss_mask) for s in fix.segments)
+    assert toks[0][3] == 0.25 and {t[3] for t in toks[1:]} == {3e-7}
+    assert max(turn.get("max_abs_dlogp", 0) for s in view["segments"] for turn in s["turns"]) == 0.25
+    # through the server: the rollout API carries them; a rollout without them has three entries per token
+    ids = {t.meta["script"]: i for i, t in enumerate(group)}
+    (ok, body, _), (ok2, body2, _) = _serve(tmp_path.parent, None, [
+        ("GET", f"/api/run/{tmp_path.name}/rollout/{ids['fix']}", None),
+        ("GET", f"/api/run/{tmp_path.name}/rollout/{ids[other.meta['script']]}", None)])
+    assert ok == ok2 == 200
+    api_toks = [t for s in json.loads(body)["segments"] for turn in s["turns"] for t in turn.get("tokens", [])
+                if t[1] is not None]
+    assert [t[3] for t in api_toks] == [t[3] for t in toks]
+    assert json.loads(body2)["trainer_step"] is None
+    assert all(len(t) == 3 for s in json.loads(body2)["segments"] for turn in s["turns"] for t in turn.get("tokens", []))

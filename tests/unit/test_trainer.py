@@ -288,3 +288,33 @@ def test_moe_trainer_step_replays_the_sampler_routing():
             s.routed_experts = [[[(e[0] + 3) % 8, (e[1] + 5) % 8] for e in tok] if tok else [] for tok in s.routed_experts]
     m = trainer.step(data)
     assert m["router_agreement"] < 0.5 and m["mismatch/max_abs_diff"] > 1e-3
+
+
+def test_entropy_and_recomputed_logprobs_of_a_step():
+    """The step's `entropy` is the policy's entropy averaged over loss tokens (hand-computed from the logits), and
+    `recomputed_logprobs(i)` gives the old log-prob of each sampled token of trajectory i (None elsewhere)."""
+    model = tiny()
+    trajs = batch(model, noise=0.01)
+    skipped = Trajectory(task_id="x", group_id="x", segments=trajs[0].segments)  # no reward: not trained on
+    trainer = Trainer(copy.deepcopy(model), TrainerConfig(lr=1e-3))
+    assert trainer.recomputed_logprobs(0) is None  # no step yet
+    m = trainer.step([skipped] + trajs)
+    ent_sum, num = 0.0, 0
+    for i, t in enumerate(trajs):
+        seg = t.segments[0]
+        ids = torch.tensor([seg.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1].double()
+            lp = torch.log_softmax(logits, -1)
+        want = lp.gather(-1, ids[0, 1:, None])[:, 0]
+        got, = trainer.recomputed_logprobs(i + 1)
+        assert len(got) == len(seg.token_ids)
+        for j, (mask, v) in enumerate(zip(seg.loss_mask, got)):
+            assert (v is None) == (not mask or j == 0)
+            if v is not None:
+                assert v == pytest.approx(float(want[j - 1]), abs=1e-5)
+                assert abs(v - seg.logprobs[j]) == pytest.approx(0.01, abs=1e-4)  # the noise the sampler had
+                ent_sum += float(-(lp[j - 1].exp() * lp[j - 1]).sum())
+                num += 1
+    assert trainer.recomputed_logprobs(0) is None and trainer.recomputed_logprobs(99) is None
+    assert m["entropy"] == pytest.approx(ent_sum / num, rel=1e-5) and 0 < m["entropy"] < math.log(VOCAB)

@@ -209,7 +209,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                       **{f"buffer/{k}": v for k, v in buffer.counters.items()},
                       **step_flag_rates(received),
                       **{f"flags/window_rate/{f}": r for f, r in monitor.rates().items()},
-                      **_weights_metrics(trainer), **_node_metrics(node_stats),
+                      **_weights_metrics(trainer), **node_metrics(node_stats),
                       **source.pool_stats()}  # Ray: pool-wide counters
             received.clear()
             log.write(record)
@@ -234,7 +234,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
             "rollouts": num_rollouts, "rollouts_tested": num_tested, "groups_received": num_groups_received,
             "groups_granted": num_granted if pace else None, "interrupted": stop_event.is_set(), "halted": halted,
             "staleness_hist": dict(buffer.staleness_hist), **{f"buffer/{k}": v for k, v in buffer.counters.items()},
-            **_node_metrics({0: final_stats} if final_stats else node_stats)}
+            **node_metrics({0: final_stats} if final_stats else node_stats)}
 
 
 def _grant(cfg: FlywheelConfig, source, spec, granted: int, received: int, waiting: int) -> int:
@@ -273,7 +273,7 @@ def _weights_metrics(trainer) -> dict[str, float]:
             "weights/encode_ms": m["encode_ms"], "weights/changed_fraction": m.get("changed_fraction") or 0.0}
 
 
-def _node_metrics(node_stats: dict) -> dict[str, float]:
+def node_metrics(node_stats: dict) -> dict[str, float]:
     """The nodes' newest figures: sandbox counts summed over nodes, everything else averaged."""
     out: dict[str, list[float]] = {}
     for stats in node_stats.values():

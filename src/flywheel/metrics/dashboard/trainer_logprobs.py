@@ -3,7 +3,7 @@
     writer = TrainerLogprobsWriter(run_dir)                       # trainer side (orchestrator/trainer_service.py)
     writer.write(step, traj, trainer.recomputed_logprobs(i))      # one line: Δ log p per token, per segment
     index = TrainerLogprobs(run_dir); index.poll()                # dashboard side: key -> line offset
-    dlogp = index.get(trajectory_key(traj))                       # [[Δ or None per token] per segment] or None
+    record = index.get(trajectory_key(traj))                      # {"step", "dlogp": [[Δ per sampled token]]}
 
 Why a file of its own (`<run_dir>/trainer_logprobs.jsonl`): a trajectory is appended to `trajectories/` when it is
 admitted, before the trainer has seen it, and that log is what a resume replays, so it is never rewritten. The
@@ -12,9 +12,10 @@ the step; they are written here for `metrics.trainer_logprobs_per_step` trajecto
 whole batch), spread over the batch, and matched to their transcript by `trajectory_key` (a hash of the group id
 and every token id), so no trajectory type changes and a line never needs the admitted log's offsets.
 
-What a line holds: `dlogp` = trainer log-prob − sampler log-prob per token (3 significant digits: the colouring
-needs the magnitude, and an exact 0, which batch-invariant mode gives, stays 0), `null` where the trainer
-computes none (prompt, tool output, the first token). Cost: ~8 bytes per sampled token of the written sample.
+What a line holds: `dlogp`, per segment, Δ log p = trainer log-prob − sampler log-prob of each sampled token
+(loss mask 1) in order (3 significant digits: the colouring needs the magnitude, and an exact 0, which
+batch-invariant mode gives, stays 0; `null` where the trainer has none). Prompt and tool-output tokens take no
+room. Cost: ~8 bytes per sampled token of the written sample.
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ def sample_indices(num_trajectories: int, num_kept: int) -> list[int]:
 
 
 def logprob_deltas(traj: Trajectory, trainer_logprobs: list[list[float | None]]) -> list[list[float | None]]:
-    """Δ log p = trainer − sampler per token (3 significant digits), None where the trainer has no log-prob."""
+    """Per segment, Δ log p = trainer − sampler (3 significant digits) of each sampled token (loss mask 1) in
+    order; None where the trainer has no log-prob."""
     out = []
     for seg, lps in zip(traj.segments, trainer_logprobs):
-        out.append([None if lp is None else float(f"{lp - s:.3g}") for lp, s in zip(lps, seg.logprobs)])
+        out.append([None if lp is None else float(f"{lp - s:.3g}")
+                    for lp, s, m in zip(lps, seg.logprobs, seg.loss_mask) if m])
     return out
 
 

@@ -99,7 +99,8 @@ class TokenDecoder:
 
 def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None) -> list[dict[str, Any]]:
     """Split one segment at `<|im_start|>` into turns; sampled tokens keep log-prob and version, and with
-    `dlogp` (one per token) their Δ log p (trainer − sampler) as a fourth entry."""
+    `dlogp` (one per sampled token, in order) their Δ log p (trainer − sampler) as a fourth entry."""
+    num_sampled = 0
     texts = decoder.texts(seg.token_ids)
     turns: list[dict[str, Any]] = []
     cur: dict[str, Any] | None = None
@@ -124,7 +125,8 @@ def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None) 
         if seg.loss_mask[i]:
             tok = [texts[i], round(seg.logprobs[i], 4), seg.versions[i]]
             if dlogp is not None:
-                tok.append(dlogp[i] if i < len(dlogp) else None)
+                tok.append(dlogp[num_sampled] if num_sampled < len(dlogp) else None)
+            num_sampled += 1
             cur["tokens"].append(tok)
         elif cur["tokens"]:
             cur["tokens"].append([texts[i], None, -1])  # not sampled (e.g. a closing token after a cut turn)
