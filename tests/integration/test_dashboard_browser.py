@@ -10,6 +10,7 @@ Screenshots land in $FLYWHEEL_SCREENSHOTS when set (docs/observability.md shows 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -22,6 +23,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from flywheel.bench.browser import DashboardProcess as Server
 from flywheel.bench.browser import launch_chromium
+from flywheel.metrics.dashboard.trainer_logprobs import trajectory_key
 from flywheel.metrics.log import MetricsLog, read_metrics
 from flywheel.metrics.report import write_report
 from flywheel.orchestrator.loop import AdmittedLog
@@ -97,6 +99,13 @@ def test_overview_charts_and_tiles_show_the_runs_metrics(page, world):
     rows = [t for _, g in AdmittedLog(world["tiny"] / "trajectories" / "admitted.jsonl").read() for t in g]
     unsubmitted = 100 * sum(not t.meta.get("submitted") for t in rows) / len(rows)
     assert page.text_content('.tile[data-key="unsubmitted_rate"] .value') == f"{unsubmitted:.1f} %"
+    # policy entropy from the trainer, sandbox start-up, failures and leaks from the nodes: each a tile
+    for key in ("entropy", "sandbox/startup_ms_p50", "sandbox/failures", "sandbox/leaks"):
+        v = records[-1][key]
+        text = str(int(v)) if v == int(v) else f"{v:.{0 if abs(v) >= 100 else 3}f}"
+        assert page.text_content(f'.tile[data-key="{key}"] .value').startswith(text), key
+    assert records[-1]["entropy"] > 0 and records[-1]["sandbox/startup_ms_p50"] > 0
+    assert records[-1]["sandbox/failures"] == 0 and records[-1]["sandbox/leaks"] == 0
     # the task buckets come from the rollouts: the scripted group's bucket is listed
     assert world["group"][0].meta["mutation"] in page.text_content("#buckets")
 
@@ -128,6 +137,39 @@ def test_a_rollout_opens_with_its_tool_calls_verdicts_and_summary_mark(page, wor
     page.locator("tr.rollout-row").nth(1).click()  # the session that summarized its work mid-way
     page.wait_for_selector(".segment-mark")
     assert "self-summary" in page.text_content(".segment-mark")
+
+
+def test_tokens_colour_by_train_inference_mismatch(page, world):
+    """The run's trainer wrote its recomputed log-probs (trainer_logprobs.jsonl): a trained rollout's tokens are
+    coloured by |Δ log p| (trainer − sampler), each token's Δ as written; the scripted group, which no trainer saw,
+    offers no such colouring."""
+    tiny = world["tiny"]
+    trajs = [t for _, g in AdmittedLog(tiny / "trajectories" / "admitted.jsonl").read() for t in g]
+    lines = (tiny / "trainer_logprobs.jsonl").read_text().splitlines()
+    records = {r["key"]: r for r in map(json.loads, lines)}
+    trained = [i for i, t in enumerate(trajs) if trajectory_key(t) in records]
+    assert len(trained) == len(lines) >= 12  # 3 steps of 4 trajectories, every one written (batch <= 8)
+    i = max(trained, key=lambda i: sum(sum(s.loss_mask) for s in trajs[i].segments))
+    deltas = [d for seg in records[trajectory_key(trajs[i])]["dlogp"] for d in seg]
+    assert len(deltas) == sum(sum(s.loss_mask) for s in trajs[i].segments) and None not in deltas
+    assert max(map(abs, deltas)) > 0  # engine and trainer differ: numerics (last bits) and any staleness
+    open_run(page, world, "tiny", "rollouts")
+    page.locator(f"tr.rollout-row[data-id='{i}']").click()
+    page.wait_for_selector(f".transcript[data-id='{i}']")
+    page.select_option(".colour-mode", "mismatch")
+    spans = page.locator("pre.tokens span[data-dlogp]")
+    assert [float(x) for x in spans.evaluate_all("els => els.map(e => e.dataset.dlogp)")] == deltas
+    colours = spans.evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+    by_size = sorted(zip(map(abs, deltas), colours))
+    green = [int(c.split(",")[1]) for _, c in by_size]  # rgb(r, g, b): the larger |Δ|, the less green
+    assert green == sorted(green, reverse=True) and green[0] > green[-1]
+    assert "recomputed at trainer step" in page.text_content(".transcript .hint")
+    shot(page, "rollout-mismatch")
+    scripted = len(trajs) - len(world["group"])  # the scripted group was appended last
+    page.locator(f"tr.rollout-row[data-id='{scripted}']").click()
+    page.wait_for_selector(f".transcript[data-id='{scripted}']")
+    assert page.locator(".colour-mode option[value=mismatch]").count() == 0
+    assert "no trainer log-probs for this rollout" in page.text_content(".transcript .hint")
 
 
 def test_filters_narrow_the_list(page, world):

@@ -167,6 +167,9 @@ class Trainer:
             for m in (model, ref_model):
                 if m is not None:
                     check_model(m)
+            if cfg.activation_checkpointing:
+                log.warning("trainer.activation_checkpointing has no effect with numerics.batch_invariant: the "
+                            "batch-invariant forward does not go through the HF layer call it wraps")
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
