@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -528,7 +528,7 @@ def reference_markdown() -> str:
                       if getattr(m, k, None) is not None]
             typ = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
             desc = (f.description or "") + (f" ({', '.join(bounds)})" if bounds else "")
-            default = f.default if f.default_factory is None else f.default_factory()
+            default = f.default if f.default_factory is None else cast(Any, f.default_factory)()
             lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
         lines.append("")
         if title != "(top level)":  # nested sections (trainer.mesh) follow their parent

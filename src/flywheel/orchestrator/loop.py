@@ -68,8 +68,8 @@ class AdmittedLog:
 def batch_metrics(batch: list[Trajectory]) -> dict[str, float]:
     from flywheel.rollout.evaluate import solved
 
-    rewards = [t.reward.value for t in batch]
-    flags = [f for t in batch for f in t.reward.flags]
+    rewards = [t.reward.value for t in batch if t.reward is not None]  # every trained one has a reward
+    flags = [f for t in batch if t.reward is not None for f in t.reward.flags]
     return {
         "reward/mean": statistics.fmean(rewards),
         "rollout/pass_rate": statistics.fmean(float(solved(t)) for t in batch),
@@ -93,7 +93,7 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     trajs = [t for g in groups for t in g if t.reward is not None]
     if not trajs:
         return sandbox
-    return {**sandbox, "rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
+    return {**sandbox, "rollout/reward_all": statistics.fmean(t.reward.value for t in trajs if t.reward is not None),
             "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
             "rollout/num_all": float(len(trajs)),
             "rollout/submitted": statistics.fmean(float(bool(t.meta.get("submitted"))) for t in trajs),
@@ -225,7 +225,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         trainer.flush()
         trainer.save_checkpoint(_loop_state(buffer, admitted))
         if not stop_event.is_set() and trainer.version >= cfg.trainer.num_steps:
-            trainer.save_model(run_dir / "final_model")
+            trainer.save_model(str(run_dir / "final_model"))
         trainer.close()
         admitted.close()
         log.close()

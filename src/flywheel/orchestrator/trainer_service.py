@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.dashboard.trainer_logprobs import TrainerLogprobsWriter, sample_indices
@@ -55,14 +55,16 @@ class TrainerService:
             group = init_group(cfg.trainer)
         self.group = group
         self.cfg = cfg
-        model = use_fp32_lm_head(load_model(self.base_model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
+        hf_model = load_model(self.base_model_dir, cfg.model.dtype)
+        pad_token_id = int(hf_model.config.pad_token_id or 0)
+        model: Any = use_fp32_lm_head(hf_model, cfg.numerics.fp32_lm_head)
         # the KL anchor is the policy RL started from: a frozen copy of the base model, taken before a resume
         # loads the checkpoint's weights into `model` (a copy in memory, not a second read of the directory)
         ref_model = copy.deepcopy(model) if cfg.trainer.kl_coef > 0 else None
         if group is not None:
             model = shard_model(model, group, cfg.trainer)
             ref_model = shard_model(ref_model, group, cfg.trainer) if ref_model is not None else None
-        self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=model.config.pad_token_id or 0,
+        self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=pad_token_id,
                                temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant,
                                ref_model=ref_model, group=group)
         restarted = restarted or _restarted_actor()
@@ -77,6 +79,7 @@ class TrainerService:
         # a sample of each batch's recomputed per-token log-probs, for the rollout browser (rank 0 writes)
         self.logprobs_writer = (TrainerLogprobsWriter(run_dir_p) if main and cfg.metrics.trainer_logprobs_per_step
                                 else None)
+        self.publisher: ShardedPublisher | Publisher
         if group is not None:
             group.barrier()  # the store's versions are settled before any rank reads them
             self.publisher = ShardedPublisher.from_config(store, group, cfg.weights)
@@ -123,7 +126,7 @@ class TrainerService:
         from flywheel.policy.model import load_model, save_model
 
         if self.group is None:
-            save_model(self.trainer.model, Path(path))
+            save_model(cast(Any, self.trainer.model), Path(path))
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

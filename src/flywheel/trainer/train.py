@@ -50,10 +50,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -114,7 +114,7 @@ def rows_from_trajectories(batch: list[Trajectory]) -> list[Row]:
             mask = [1 if m else 0 for m in s.loss_mask[1:]]  # the first token has no prediction
             if len(s.token_ids) < 2 or not any(mask):
                 continue
-            experts = None
+            experts: list | None = None
             if s.routed_experts:
                 experts = [[] for _ in s.token_ids]
                 for i, e in enumerate(s.routed_experts):
@@ -172,17 +172,17 @@ class Trainer:
                             "batch-invariant forward does not go through the HF layer call it wraps")
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self.state_bytes: dict[str, int] = {}
         # the last step's old log-probs and loss mask [rows, T - 1], each row's (batch index, segment), and the
         # segment lengths of each trained trajectory (by batch index)
         self._recomputed: tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]], dict[int, list[int]]] | None = None
-        self._moe_shape = None
-        if is_moe(model):  # sampler routing is collated for replay and for the agreement metric
+        self._moe_shape: tuple[int, int] | None = None  # (MoE layers, top-k)
+        if is_moe(cast(Any, model)):  # sampler routing is collated for replay and for the agreement metric
             routers = moe_routers(model)
-            self._moe_shape = (len(routers), routers[0].top_k) if routers else None
+            self._moe_shape = (len(routers), int(cast(Any, routers[0]).top_k)) if routers else None
 
     # ------------------------------------------------------------------ forward helpers
 
@@ -191,40 +191,43 @@ class Trainer:
         on = self.cfg.dtype == "bfloat16" and self.group is None
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on)
 
-    def _collate(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+    def _collate(self, rows: list[Row]) -> dict[str, Any]:
         if self.cfg.pack_sequences:
             return self._collate_packed(rows)
         t = max(len(r.input_ids) for r in rows)
         ids = torch.full((len(rows), t), self.pad_token_id, dtype=torch.long)
         attn = torch.zeros((len(rows), t), dtype=torch.long)
         experts = None
-        if self._moe_shape is not None and any(r.routed_experts for r in rows):
-            experts = torch.full((len(rows), t, *self._moe_shape), -1, dtype=torch.long)
+        shape = self._moe_shape
+        if shape is not None and any(r.routed_experts for r in rows):
+            experts = torch.full((len(rows), t, *shape), -1, dtype=torch.long)
         for b, r in enumerate(rows):
             n = len(r.input_ids)
             ids[b, :n] = torch.tensor(r.input_ids)
             attn[b, :n] = 1
-            if experts is not None and r.routed_experts:
+            if experts is not None and shape is not None and r.routed_experts:
                 for pos, e in enumerate(r.routed_experts):
                     if e:
-                        if len(e) != self._moe_shape[0] or any(len(k) != self._moe_shape[1] for k in e):
-                            raise ValueError(f"routed experts per token must be [{self._moe_shape[0]} layers][top-"
-                                             f"{self._moe_shape[1]}]; got {[len(k) for k in e]}")
+                        if len(e) != shape[0] or any(len(k) != shape[1] for k in e):
+                            raise ValueError(f"routed experts per token must be [{shape[0]} layers][top-"
+                                             f"{shape[1]}]; got {[len(k) for k in e]}")
                         experts[b, pos] = torch.tensor(e)
         return {"input_ids": ids.to(self.device), "attention_mask": attn.to(self.device), "experts": experts}
 
     def _experts_of(self, r: Row) -> torch.Tensor:
         """A row's replayed routing [L, layers, k] (-1 = the trainer's own)."""
-        out = torch.full((len(r.input_ids), *self._moe_shape), -1, dtype=torch.long)
+        shape = self._moe_shape
+        assert shape is not None, "routed experts are collated for MoE models only"
+        out = torch.full((len(r.input_ids), *shape), -1, dtype=torch.long)
         for pos, e in enumerate(r.routed_experts or []):
             if e:
-                if len(e) != self._moe_shape[0] or any(len(k) != self._moe_shape[1] for k in e):
-                    raise ValueError(f"routed experts per token must be [{self._moe_shape[0]} layers][top-"
-                                     f"{self._moe_shape[1]}]; got {[len(k) for k in e]}")
+                if len(e) != shape[0] or any(len(k) != shape[1] for k in e):
+                    raise ValueError(f"routed experts per token must be [{shape[0]} layers][top-"
+                                     f"{shape[1]}]; got {[len(k) for k in e]}")
                 out[pos] = torch.tensor(e)
         return out
 
-    def _collate_packed(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+    def _collate_packed(self, rows: list[Row]) -> dict[str, Any]:
         """One sequence of the rows concatenated (packing.py): no attention mask, positions restart per row."""
         ids, pos, unpack = packed_layout([r.input_ids for r in rows])
         experts = None
@@ -233,7 +236,7 @@ class Trainer:
         return {"input_ids": ids.to(self.device), "attention_mask": None, "position_ids": pos.to(self.device),
                 "unpack": unpack.to(self.device), "experts": experts}
 
-    def _logprobs(self, model, mb: dict[str, torch.Tensor], replay: bool, measure: bool = False,
+    def _logprobs(self, model, mb: dict[str, Any], replay: bool, measure: bool = False,
                   entropy: list[torch.Tensor] | None = None):
         """Target log-probs [b, T-1] (fp32) and the router agreement stats of this forward (`num_agree`,
         `num_replayed`, per-layer `layer_agree` / `layer_replayed`). The sampler's routing is replayed when
@@ -247,10 +250,10 @@ class Trainer:
                 fwd = self._bi_forwards[id(model)] = BatchInvariantForward(model, module_methods=self.group is not None)
                 if self.group is not None:  # FSDP gathers each layer's parameters around its block
                     register_batch_invariant(model)
-            logits, stats = fwd(mb["input_ids"], experts, apply_replay=apply)
+            logits, bi_stats = fwd(mb["input_ids"], experts, apply_replay=apply)
             if entropy is not None:
                 entropy.append(entropy_from_logits(logits[:, :-1], self.temperature))
-            return logprobs_from_logits(logits[:, :-1], mb["input_ids"][:, 1:], self.temperature), stats
+            return logprobs_from_logits(logits[:, :-1], mb["input_ids"][:, 1:], self.temperature), bi_stats
         with router_replay(model, experts, apply=apply) as stats, self._autocast():
             out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                         position_ids=mb.get("position_ids"), use_cache=False)
@@ -260,17 +263,18 @@ class Trainer:
             lp = lp[0, mb["unpack"]]
             ent = ent[0, mb["unpack"]] if ent is not None else None
         if entropy is not None:
+            assert ent is not None
             entropy.append(ent)
         return lp, stats
 
     @staticmethod
-    def _pad(rows: list[list[float]], t: int) -> torch.Tensor:
+    def _pad(rows: Sequence[Sequence[float]], t: int) -> torch.Tensor:
         out = torch.zeros((len(rows), t), dtype=torch.float32)
         for b, r in enumerate(rows):
             out[b, :len(r)] = torch.as_tensor(r, dtype=torch.float32)
         return out
 
-    def _filler(self) -> dict[str, torch.Tensor]:
+    def _filler(self) -> dict[str, Any]:
         """A two-token micro-batch run with zero weight by a rank that has fewer micro-batches than another: every
         FSDP forward and backward is a collective, so all ranks must run as many."""
         return self._collate([Row(0, [self.pad_token_id] * 2, [0], [0.0], None)])
@@ -333,7 +337,7 @@ class Trainer:
         rows = rows_from_trajectories(good)
         if not rows:
             return {"step_skipped": 1.0, "num_skipped": float(num_skipped), "version": float(self.version)}
-        rewards = [t.reward.value for t in good]
+        rewards = [t.reward.value for t in good if t.reward is not None]  # all of them (validated)
         advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
         advantages = weight_negatives(advantages, self.cfg.negative_weight)
         lengths = [len(r.input_ids) for r in rows]
@@ -382,8 +386,8 @@ class Trainer:
             if self._moe_shape is not None:
                 n = self._moe_shape[0]
                 agree = torch.tensor((layer_agree or [0] * n) + (layer_replayed or [0] * n), dtype=torch.long)
-                agree = self.group.all_reduce_sum(agree).tolist()
-                layer_agree, layer_replayed = agree[:n], agree[n:]
+                summed = self.group.all_reduce_sum(agree).tolist()
+                layer_agree, layer_replayed = summed[:n], summed[n:]
         mask = self._pad([r.mask for r in rows], t_max).bool()
         sampler = self._pad([r.sampler_logprobs for r in rows], t_max)
         seq_ids = torch.tensor([r.seq for r in rows])

@@ -63,7 +63,8 @@ class TokenDecoder:
     @classmethod
     def for_run(cls, run_dir: Path, config: dict[str, Any]) -> TokenDecoder | None:
         """The tokenizer a run used: `tokenizer.path` from its config, else `<run>/tokenizer`."""
-        tok_cfg = config.get("tokenizer") if isinstance(config.get("tokenizer"), dict) else {}
+        tok = config.get("tokenizer")
+        tok_cfg: dict[str, Any] = tok if isinstance(tok, dict) else {}
         for d in [tok_cfg.get("path"), run_dir / "tokenizer", run_dir / "base_model", run_dir / "final_model"]:
             if d and (Path(d) / "tokenizer.json").is_file():
                 try:
@@ -167,7 +168,7 @@ def transcript_view(traj: Trajectory, decoder: TokenDecoder | None,
                                                "flags": reward.flags, "tests": reward.tests},
         "timings": traj.timings, "meta": {k: v for k, v in traj.meta.items() if k != "diff"},
         "diff": traj.meta.get("diff"), "min_version": traj.min_version, "segments": [],
-        "trainer_step": trainer.get("step") if dlogps else None}
+        "trainer_step": trainer.get("step") if trainer and dlogps else None}
     for n, seg in enumerate(traj.segments):
         if decoder is None:
             turns = [{"role": "?", "text": "(no tokenizer found for this run: token ids only) "

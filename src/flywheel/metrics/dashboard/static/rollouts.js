@@ -95,7 +95,8 @@ const FlywheelRollouts = (() => {
       calls += `<div class="tool-call error"><b>unusable call (${esc(e.kind)})</b> ${esc(e.message)}</div>`;
     }
     const stats = (turn.num_sampled ? ` · ${turn.num_sampled} sampled tokens, mean log p ${fmt(turn.mean_logprob)}` : "") +
-      (turn.max_abs_dlogp !== undefined ? ` · max |Δ log p| ${fmt(turn.max_abs_dlogp)}` : "");
+      (turn.max_abs_dlogp !== undefined ? ` · max |Δ log p| ${turn.max_abs_dlogp === 0 ? "0" :
+        turn.max_abs_dlogp.toExponential(1)}` : "");
     return `<div class="turn ${esc(turn.role)}"><div class="role">${esc(turn.role)}${stats}</div>` +
       turnBody(turn, mode, maxVersion) + calls + "</div>";
   }
