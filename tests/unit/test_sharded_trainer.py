@@ -25,6 +25,7 @@ from sharded_ranks import CHUNK_MB, batches, bi_config, engine_batch, model, moe
 from flywheel.trainer.distributed import assign_micro_batches  # noqa: E402
 from flywheel.trainer.sharded_checkpoint import is_sharded  # noqa: E402
 from flywheel.trainer.train import Trainer  # noqa: E402
+from flywheel.types import Trajectory  # noqa: E402
 from flywheel.weights.store import WeightStore  # noqa: E402
 from flywheel.weights.sync import Publisher, Subscriber  # noqa: E402
 
@@ -122,7 +123,7 @@ def test_batch_invariant_two_ranks_reproduce_the_engines_logprobs_bitwise(runs):
     """numerics.batch_invariant with trainer.world_size = 2: each rank recomputes the log-probs of its own
     micro-batch with FSDP-gathered weights, and every sampled token's log-prob equals the engine's bit for bit;
     the step's weights equal a one-process batch-invariant step's bit for bit (one micro-batch per rank)."""
-    batch = [t for t in (json.loads((runs / "bi_batch.json").read_text()))]
+    batch = json.loads((runs / "bi_batch.json").read_text())
     recomputed = json.loads((runs / "bi_recomputed.json").read_text())
     m2 = next(r for r in records(runs, "resume")[0] if r.get("batch_invariant"))["metrics"]
     assert m2["num_micro_batches"] == 2.0  # one per rank: the rows were split across the two ranks
@@ -137,7 +138,7 @@ def test_batch_invariant_two_ranks_reproduce_the_engines_logprobs_bitwise(runs):
                 num_tokens += 1
     assert num_tokens == sum(sum(t["segments"][0]["loss_mask"]) for t in batch) > 50
     single = Trainer(model(), bi_config(1), batch_invariant=True)
-    m1 = single.step(engine_batch())
+    m1 = single.step([Trajectory.from_dict(t) for t in batch])
     assert m1["mismatch/max_abs_diff"] == 0.0 and m2["loss"] == m1["loss"] and m2["entropy"] == m1["entropy"]
     w2 = load_file(runs / "bi_weights_1.safetensors")
     assert all(torch.equal(single.model.state_dict()[k], w2[k]) for k in w2)

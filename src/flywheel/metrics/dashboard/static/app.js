@@ -70,6 +70,13 @@ function spark(ys) {
   return `<svg viewBox="0 0 100 30" preserveAspectRatio="none"><polyline points="${pts.join(" ")}"/></svg>`;
 }
 
+// a tile's number: whole numbers as they are, tiny ones (a mismatch of 3e-6) in exponent form, else 3 decimals
+function tileValue(x) {
+  if (x === null) return "–";
+  const a = Math.abs(x);
+  return a > 0 && a < 1e-3 ? x.toExponential(2) : R.fmt(x, a >= 100 ? 0 : 3);
+}
+
 function renderTiles(records) {
   const keys = keysOf(records);
   const tiles = [];
@@ -83,7 +90,7 @@ function renderTiles(records) {
     const ys = series(records, key)[1].map((y) => y * scale);
     const last = ys.length ? ys[ys.length - 1] : null;
     return `<div class="tile" data-key="${R.esc(key)}" title="${R.esc(key)}"><div class="label">${R.esc(label)}</div>` +
-      `<div class="value">${last === null ? "–" : R.fmt(last, Math.abs(last) >= 100 ? 0 : 3)}${unit}</div>` +
+      `<div class="value">${tileValue(last)}${unit}</div>` +
       `${spark(ys.slice(-60))}</div>`;
   }).join("") || "<p class='hint'>no metrics yet</p>";
 }
