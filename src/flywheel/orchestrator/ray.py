@@ -48,7 +48,9 @@ from typing import Any
 from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.node import NodeSpec
 from flywheel.orchestrator.pacing import Permits, paced
+from flywheel.orchestrator.ray_actors import EngineActor, GraderActor, RelayActor
 from flywheel.orchestrator.task_sampler import task_sampler
+from flywheel.weights.sync import open_source
 
 STATS_EVERY_S = 2.0  # relay counters and the store's newest version are read at most this often
 # Async mode: groups queued on an engine beyond those it runs (its rollout worker's session slots hold the
@@ -170,7 +172,7 @@ class RayRollouts:
         self.sampler = task_sampler(specs[0].tasks, self.rng, self.cfg.orchestrator)
         self.counters = {"requeued": 0, "lost_groups": 0, "engines_died": 0, "engines_added": 0,
                          "engines_removed": 0, "groups": 0}
-        self.origin = None
+        self.origin: Any = None  # the RelayActor handle once started
         self.origin_url = ""
         self.relays: dict[str, tuple[Any, str]] = {}  # region -> (actor, url)
         self._next_node_id = max(s.node_id for s in specs) + 1
@@ -188,7 +190,6 @@ class RayRollouts:
         """Start the origin relay, the graders and the engines; TimeoutError if they are not all up within
         `timeout_s` (the caller's `stop` then kills what did start)."""
         ray = init_ray(self.cfg)
-        from flywheel.orchestrator.ray_actors import RelayActor
 
         deadline = time.monotonic() + timeout_s
         late = TimeoutError(f"engine actors did not start within {timeout_s:g} s (each loads the model and warms up; "
@@ -261,8 +262,6 @@ class RayRollouts:
     def _start_graders(self) -> None:
         """`ray_num_graders` GraderActors (none: engines grade in-process). Ray restarts a crashed one (up to
         GRADER_MAX_RESTARTS times, same handle); one killed for good is routed around by the engines."""
-        from flywheel.orchestrator.ray_actors import GraderActor
-
         o = self.cfg.orchestrator
         env = self.cfg.env.model_dump(mode="json")
         self.graders = [as_actor(GraderActor, num_cpus=o.ray_grader_num_cpus, max_concurrency=o.ray_grader_concurrency,
@@ -271,8 +270,6 @@ class RayRollouts:
                         for i in range(o.ray_num_graders)]
 
     def _launch(self, spec: NodeSpec, region: str) -> None:
-        from flywheel.orchestrator.ray_actors import EngineActor
-
         spec = dataclasses.replace(spec, region=region, store_url=self._relay_url(region))
         o = self.cfg.orchestrator
         actor = as_actor(EngineActor, num_cpus=o.ray_engine_num_cpus, num_gpus=o.ray_engine_num_gpus,
@@ -285,8 +282,6 @@ class RayRollouts:
 
     def _relay_url(self, region: str) -> str:
         if region not in self.relays:
-            from flywheel.orchestrator.ray_actors import RelayActor
-
             w = self.cfg.weights
             actor = as_actor(RelayActor, num_cpus=0).remote(upstream=self.origin_url, bandwidth_mbps=w.relay_bandwidth_mbps,
                                                            streams=w.relay_streams)
@@ -455,7 +450,6 @@ class RayRollouts:
                     **self.sampler.stats(), "pool/num_engines": float(len(self.engines))}
         self._t_stats = now
         ray = _ray()
-        from flywheel.weights.sync import open_source
 
         s: dict = {f"rollout/{k}": float(v) for k, v in self.counters.items()}
         s.update(self.sampler.stats())
@@ -472,8 +466,8 @@ class RayRollouts:
                 continue
             s[f"weights/region/{region}/upstream_mb"] = r["bytes_upstream"] / 1e6
             s[f"weights/region/{region}/served_mb"] = r["bytes_out"] / 1e6
-            versions = [e.stats.get("node/version") for e in self.engines.values()
-                        if e.region == region and e.stats.get("node/version") is not None]
+            versions = [int(v) for e in self.engines.values()
+                        if e.region == region and (v := e.stats.get("node/version")) is not None]
             if latest is not None and versions:
                 s[f"staleness/region/{region}"] = float(latest - min(versions))
             status_regions[region] = {"relay": url, "num_engines": sum(e.region == region for e in self.engines.values())}

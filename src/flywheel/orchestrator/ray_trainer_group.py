@@ -1,6 +1,6 @@
 """Ray backend of the sharded trainer: one `RankActor` per rank in a placement group.
 
-    trainer = RayTrainerGroup(cfg, run_dir, base_model_dir)   # via trainer_service.build_trainer (world_size > 1)
+    trainer = RayTrainerGroup(cfg, run_dir, base_model_dir)   # via trainers.build_trainer (world_size > 1)
 
 Why so: the shape OpenRLHF and verl use. A placement group reserves one bundle per rank (`ray_trainer_num_cpus`,
 `ray_trainer_num_gpus` each), packed onto as few nodes as possible; rank 0's actor names a TCP rendezvous on its
@@ -20,6 +20,7 @@ from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.ray import init_ray
 from flywheel.orchestrator.trainer_group import GroupFailed, GroupHandle, run_method
 from flywheel.orchestrator.trainer_service import TrainerService
+from flywheel.trainer.distributed import init_group
 
 
 class RankActor:
@@ -41,8 +42,6 @@ class RankActor:
 
     def start(self, init_method: str, config: dict, run_dir: str, base_model_dir: str, resume: bool,
               restarted: bool) -> int:
-        from flywheel.trainer.distributed import init_group
-
         cfg = FlywheelConfig.model_validate(config)
         group = init_group(cfg.trainer, init_method=init_method, rank=self.rank, world_size=self.world_size)
         self.service = TrainerService(config, run_dir, base_model_dir, resume, restarted=restarted, group=group)
