@@ -89,7 +89,7 @@ class EngineActor:
 class GraderActor:
     """Runs the hidden tests of sessions that ran elsewhere: task base + the agent's changes, then `reward.grade`.
 
-    A threaded actor (`ray_grader_concurrency` gradings at once): grading is subprocess work in a sandbox."""
+    A threaded actor (`ray.grader_concurrency` gradings at once): grading is subprocess work in a sandbox."""
 
     def __init__(self, env_config: dict, cache_dir: str):
         env = EnvConfig.model_validate(env_config)

@@ -151,12 +151,12 @@ class RayTrainer:
         self.ray = init_ray(cfg)
         o = cfg.orchestrator
         self.actor_name = f"flywheel-trainer-{cfg.name}"
-        self.actor = as_actor(TrainerService, num_cpus=o.ray_trainer_num_cpus, num_gpus=o.ray_trainer_num_gpus,
-                             max_restarts=o.ray_trainer_max_restarts, max_task_retries=0,
+        self.actor = as_actor(TrainerService, num_cpus=o.ray.trainer_num_cpus, num_gpus=o.ray.trainer_num_gpus,
+                             max_restarts=o.ray.trainer_max_restarts, max_task_retries=0,
                              name=self.actor_name).remote(cfg.model_dump(mode="json"), str(run_dir),
                                                           str(base_model_dir), resume)
         self.restart_timeout_s = restart_timeout_s
-        self.max_restarts = o.ray_trainer_max_restarts
+        self.max_restarts = o.ray.trainer_max_restarts
         self.num_restarts = 0
         info = self._call("info")
         self.version, self.store_url, self.extra_state = info["version"], info["store_url"], info["extra_state"]
