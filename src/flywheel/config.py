@@ -34,7 +34,7 @@ class ModelConfig(Section):
     preset: Literal["tiny", "small", "tiny-moe"] | None = Field(
         "tiny", description="built-in architecture with random init; ignored when `path` is set")
     num_layers: int = Field(0, ge=0, le=1024, description="decoder layers of the preset; 0 = the preset's own depth "
-                            "(the demo runs a 2-layer `tiny`: docs/benchmarks.md, \"The demo\")")
+                            "(the demo runs a 2-layer `tiny`: docs/training.md)")
     path: str | None = Field(None, description="local HF checkpoint directory (safetensors); overrides `preset`")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype on load")
     max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="context length in tokens")

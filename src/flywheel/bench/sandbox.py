@@ -196,7 +196,7 @@ def run(args) -> dict:
         result["burst"] = {k: _burst(base, limits, k, num_burst, num_threads) for k in kinds}
         if "bwrap" in kinds:  # the floor: bare bwrap processes (no workspace, namespaces or limits)
             # in a session of its own like the sandboxes (a session is a scheduler autogroup: on a busy
-            # machine that alone doubles a burst's share of the CPU), and as the first session measured it
+            # machine that alone doubles a burst's share of the CPU), and in the caller's session
             result["baseline_bare_bwrap_burst_per_s"] = _bare_burst(num_burst, num_threads, new_session=True)
             result["baseline_bare_bwrap_same_session_burst_per_s"] = _bare_burst(num_burst, num_threads, False)
         # the same burst with one thread per sandbox: all of them really started at the same moment
