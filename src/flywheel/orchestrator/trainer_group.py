@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from flywheel.config import FlywheelConfig
+from flywheel.orchestrator.forwarding import ForwardingTrainer
 from flywheel.orchestrator.trainer_service import TrainerService
-from flywheel.types import Trajectory
 
 METHODS = ("info", "step", "publish", "publisher_metrics", "flush", "save_checkpoint", "save_model", "close")
 AUTHKEY_ENV = "FLYWHEEL_TRAINER_AUTHKEY"
@@ -94,7 +94,7 @@ def serve_rank(argv: list[str] | None = None) -> None:
         conn.send(reply)
 
 
-class GroupHandle:
+class GroupHandle(ForwardingTrainer):
     """What both launchers share: the loop's interface, call retry after a group failure, restart accounting."""
 
     def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool):
@@ -136,26 +136,6 @@ class GroupHandle:
             if status == "error":
                 raise RuntimeError(f"trainer group: {method} failed on rank 0:\n{value}")
             return value
-
-    def step(self, batch: list[Trajectory]) -> dict[str, float]:
-        metrics = self._call("step", batch)
-        self.version = self._call("info")["version"]
-        return {**metrics, "trainer/restarts": float(self.num_restarts)}
-
-    def publish(self) -> None:
-        self._call("publish")
-
-    def publisher_metrics(self) -> list[dict]:
-        return self._call("publisher_metrics")
-
-    def flush(self) -> None:
-        self._call("flush")
-
-    def save_checkpoint(self, extra_state: dict) -> str:
-        return self._call("save_checkpoint", extra_state)
-
-    def save_model(self, path: str | Path) -> None:
-        self._call("save_model", str(Path(path).resolve()))
 
     def close(self) -> None:
         try:

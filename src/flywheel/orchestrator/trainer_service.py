@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from flywheel.config import FlywheelConfig
 from flywheel.numerics.lm_head import use_fp32_lm_head
+from flywheel.orchestrator.forwarding import ForwardingTrainer
 from flywheel.orchestrator.ray import as_actor, init_ray
 from flywheel.policy.model import load_model, save_model
 from flywheel.trainer import checkpoint as ckpt
@@ -143,7 +144,7 @@ def _restarted_actor() -> bool:
         return False
 
 
-class RayTrainer:
+class RayTrainer(ForwardingTrainer):
     """Handle on a TrainerService actor; same methods, and a dead actor is waited for and the call retried."""
 
     def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False,
@@ -183,26 +184,6 @@ class RayTrainer:
             except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError,
                     self.ray.exceptions.GetTimeoutError):
                 time.sleep(0.5)
-
-    def step(self, batch: list[Trajectory]) -> dict[str, float]:
-        metrics = self._call("step", batch)
-        self.version = self._call("info")["version"]
-        return {**metrics, "trainer/restarts": float(self.num_restarts)}
-
-    def publish(self) -> None:
-        self._call("publish")
-
-    def publisher_metrics(self) -> list[dict]:
-        return self._call("publisher_metrics")
-
-    def flush(self) -> None:
-        self._call("flush")
-
-    def save_checkpoint(self, extra_state: dict) -> str:
-        return self._call("save_checkpoint", extra_state)
-
-    def save_model(self, path: str | Path) -> None:
-        self._call("save_model", str(Path(path).resolve()))
 
     def close(self) -> None:
         try:
