@@ -19,10 +19,10 @@ costs well under a millisecond of client CPU. The token comes from the environme
 from __future__ import annotations
 
 import http.client
-import itertools
 import json
 import os
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +36,7 @@ from flywheel.tasks.loaders import task_to_dict
 from flywheel.types import Message, Reward, Task, ToolCall, ToolCallError
 
 API = "/v1"
+COOLDOWN_S = 30.0  # a server that failed is skipped this long while another one is healthy
 
 
 class RemoteEnvError(RuntimeError):
@@ -45,7 +46,9 @@ class RemoteEnvError(RuntimeError):
 class RemoteEnv:
     """One session at a time on the env-server at `url` (see the module docstring)."""
 
-    def __init__(self, cfg: EnvConfig, url: str, token: str) -> None:
+    def __init__(self, cfg: EnvConfig, url: str, token: str, *,
+                 on_failure: Callable[[str], None] | None = None) -> None:
+        """`on_failure(url)` is called when the server fails to answer (the factory then prefers another)."""
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"env-server URL {url!r} must be http(s)://host:port")
@@ -59,6 +62,7 @@ class RemoteEnv:
         self.reward: Reward | None = None
         self._metrics: dict[str, float] = {}
         self._num_calls = 0
+        self._on_failure = on_failure
 
     # --- transport
     def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
@@ -89,12 +93,16 @@ class RemoteEnv:
             raw = resp.read()
         except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, garbled
             self._drop()
-            kind = "did not answer within %.3gs" % timeout_s if isinstance(err, TimeoutError) else "failed"
+            if self._on_failure is not None:
+                self._on_failure(self.url)
+            kind = f"did not answer within {timeout_s:.3g}s" if isinstance(err, TimeoutError) else "failed"
             raise RemoteEnvError(f"env-server {self.url} {kind} ({method} {path}): {err!r}") from err
         try:
             payload = json.loads(raw) if raw else {}
         except ValueError:
             payload = None
+        if resp.status >= 500 and self._on_failure is not None:
+            self._on_failure(self.url)
         if resp.status != 200:
             why = payload.get("error") if isinstance(payload, dict) else raw[:300].decode(errors="replace")
             raise RemoteEnvError(f"env-server {self.url} answered {resp.status} to {method} {path}: {why}")
@@ -193,19 +201,37 @@ def remote_token(cfg: EnvConfig) -> str:
     return token
 
 
+class ServerChooser:
+    """Round-robin over the env-servers, skipping one that failed in the last `cooldown_s` (while another has not):
+    a retried session goes elsewhere. A server is tried again after its cool-down (it may have been restarted)."""
+
+    def __init__(self, urls: list[str], cooldown_s: float = COOLDOWN_S) -> None:
+        assert urls
+        self.urls, self.cooldown_s = list(urls), cooldown_s
+        self._next = 0
+        self._failed_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def choose(self) -> str:
+        with self._lock:
+            now = time.monotonic()
+            order = [self.urls[(self._next + i) % len(self.urls)] for i in range(len(self.urls))]
+            healthy = [u for u in order if now - self._failed_at.get(u, -1e18) > self.cooldown_s]
+            url = healthy[0] if healthy else min(order, key=lambda u: self._failed_at[u])
+            self._next = (self.urls.index(url) + 1) % len(self.urls)
+            return url
+
+    def failed(self, url: str) -> None:
+        with self._lock:
+            self._failed_at[url] = time.monotonic()
+
+
 def env_factory(cfg: EnvConfig, cache_dir: str | Path, sandbox_kind: str = "auto", *,
                 grader: Any = None) -> Callable[[], CodingEnv | RemoteEnv]:
     """What the rollout worker calls per session: a local `CodingEnv`, or with `env.remote_url` a `RemoteEnv` on the
-    next server (round-robin, so a retried session goes to another server where there are several)."""
+    next server (`ServerChooser`: round-robin, a server that just failed skipped, so a retry goes elsewhere)."""
     if not cfg.remote_url:
         return lambda: CodingEnv(cfg, cache_dir, sandbox_kind, grader=grader)
     token = remote_token(cfg)
-    urls = itertools.cycle(list(cfg.remote_url))
-    lock = threading.Lock()
-
-    def make() -> RemoteEnv:
-        with lock:
-            url = next(urls)
-        return RemoteEnv(cfg, url, token)
-
-    return make
+    chooser = ServerChooser(list(cfg.remote_url))
+    return lambda: RemoteEnv(cfg, chooser.choose(), token, on_failure=chooser.failed)
