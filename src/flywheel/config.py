@@ -538,7 +538,7 @@ def reference_markdown() -> str:
                       if getattr(m, k, None) is not None]
             typ = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
             desc = (f.description or "") + (f" ({', '.join(bounds)})" if bounds else "")
-            default = f.default if f.default_factory is None else f.default_factory()
+            default = f.get_default(call_default_factory=True)
             lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
         lines.append("")
         if title != "(top level)":  # nested sections (trainer.mesh) follow their parent
