@@ -22,7 +22,8 @@ capabilities and no_new_privs.
 The system view is one ``--dev-bind`` of a read-only root prepared once per process (`rootfs.py`):
 bwrap parses the host's whole mount table for every bind it makes, so fewer binds is what made it fast.
   Covers: no network (a network namespace holding only its own loopback: as root one lent for the
-  sandbox's life by `netns.py`, else a fresh one per command); read-only system (/usr, /etc and the
+  sandbox's life by `netns.py` or the task's own where its services run (`services.py`), else a fresh one per
+  command); read-only system (/usr, /etc and the
   Python installation bound read-only, nothing else of the host visible: not /root, not /work, not
   other sandboxes, not the task base); the workspace (at ``/workspace``) and a private tmpfs /tmp are
   the only writable paths; every process the command started dies with it (pid-namespace teardown),
@@ -246,12 +247,6 @@ class _BaseSandbox(abc.ABC):
             out.update(env)
         return out
 
-    def _with_base_env(self, env: dict[str, str] | None) -> dict[str, str] | None:
-        """The sandbox's own variables (a task's services: PGHOST, ...) under the call's."""
-        if not self._base_env:
-            return env
-        return {**self._base_env, **(env or {})}
-
     _wants_info_fd = False  # bwrap reports its namespace's pid 1 on this fd
 
     @abc.abstractmethod
@@ -298,7 +293,8 @@ class _BaseSandbox(abc.ABC):
             if self._closed:
                 raise ValueError("this sandbox is closed; create a new one")
             self._num_runs += 1
-        run_env = self._run_env(self._with_base_env(env))
+        # the sandbox's own variables (a task's services: PGHOST, ...) under the call's
+        run_env = self._run_env({**self._base_env, **(env or {})} if self._base_env else env)
         # Output goes to memfds, not pipes: a background process that keeps stdout open does not make
         # us wait for the timeout, and there is no file to create and unlink per command.
         fds = [memfd("stdout"), memfd("stderr")]
@@ -421,10 +417,8 @@ class BwrapSandbox(_BaseSandbox):
         self.inner_workspace = BWRAP_WORKSPACE
         # As root, one network namespace lent for the sandbox's life (`netns.py`) instead of a new one per
         # command (--unshare-net), which costs ~20 % of a bwrap start; or the task's own (its services).
-        if netns_fd is not None:
-            self._netns: int | None = netns_fd
-        else:
-            self._netns = netns.POOL.acquire() if netns.available() else None
+        self._netns: int | None = netns_fd if netns_fd is not None else (
+            netns.POOL.acquire() if netns.available() else None)
         try:
             self._prefix = self._build_prefix(tmp_root)
         except BaseException:  # hand back the workspace, uid and namespace taken so far
