@@ -3,7 +3,7 @@
     from flywheel.tasks.migration import migration_task, reference_actions
     task = migration_task()                      # services = [{"kind": "postgres", ...}]
     calls = reference_actions(task)              # write the migration, `python migrate.py`, submit
-    flywheel tasks services --out migration.jsonl   # the same task as a task file
+    save_tasks([task], "migration.jsonl")        # the same task as a task file (tasks/loaders.py)
 
 Why: an environment that mimics a user's machine includes its services. The workspace is a small app whose
 schema is managed by `migrate.py` (plain SQL files applied in order, recorded in `schema_migrations`, through
