@@ -105,6 +105,11 @@ def test_a_command_service_that_dies_or_never_gets_ready_is_a_clear_error() -> N
     with pytest.raises(ServiceError, match="not ready within 0.5s"):
         start_services(slow)
     assert time.monotonic() - t0 < 5
+    never = parse_services([{"kind": "command", "command": "sleep 60", "ready_command": "sleep 30",
+                             "start_timeout_s": 0.5}])
+    with pytest.raises(ServiceError, match="not ready within 0.5s"):
+        start_services(never)  # a probe that hangs is killed at the deadline
+    assert time.monotonic() - t0 < 10
 
 
 @needs_services

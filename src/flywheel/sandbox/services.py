@@ -27,7 +27,9 @@ Kinds a task declares (`parse_service`): ``postgres`` (PostgreSQL of the Debian 
 `port`, `init_sql`; clients get PGHOST, PGPORT, PGUSER, PGDATABASE and DATABASE_URL) and ``command`` (any
 program: `name`, `command`, `setup`, `init`, `ready_port` or `ready_command`, `env`).
 
-Needs root with network namespaces and a working bubblewrap (`available()`); elsewhere a task with services
+Data directories live under the sandbox directory (`default_tmp_root()`: the tmpfs /dev/shm by default; a fresh
+PostgreSQL cluster is ~40 MB of it per session); `reap_stale_services` (run once per process) removes those of
+owners that died. Needs root with network namespaces and a working bubblewrap (`available()`); elsewhere a task with services
 gets a clear error. Tests: `pytest tests/unit/test_services.py`.
 """
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import glob
 import os
 import re
@@ -57,7 +60,7 @@ from flywheel.sandbox.rootfs import EXEC_PATH, bwrap_system_args
 from flywheel.sandbox.workspace import default_tmp_root
 
 __all__ = ["ServiceError", "ServiceSpec", "TaskServices", "available", "parse_service", "parse_services",
-           "start_services"]
+           "postgres_bin", "reap_stale_services", "start_services"]
 
 DATA = "/workspace"  # the service's data directory inside its view
 _NAME_RX = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -257,6 +260,7 @@ class TaskServices:
         self.specs = list(specs)
         self.env: dict[str, str] = {k: v for s in specs for k, v in s.env.items()}
         self.tmp_root = tmp_root or default_tmp_root()
+        _reap_once(self.tmp_root)  # what owners killed by SIGKILL left (their services died with them)
         self.netns: int | None = netns.POOL.acquire() if specs else None
         self.running: list[_Running] = []
         self._closed = False
@@ -313,6 +317,15 @@ class TaskServices:
         finally:
             s.close()
 
+    def _probe(self, svc: _Running, deadline: float) -> bool:
+        """`ready_command` exits 0 (a probe still running at the deadline is killed: not ready)."""
+        proc = self._popen(svc, svc.spec.ready_command)
+        try:
+            return proc.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
+        except subprocess.TimeoutExpired:
+            _killpg(proc)
+            return False
+
     def _start_one(self, spec: ServiceSpec) -> None:
         uid = UIDS.acquire()
         root = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=self.tmp_root))
@@ -333,10 +346,7 @@ class TaskServices:
             if svc.proc.poll() is not None:
                 raise ServiceError(f"service {spec.name!r} exited (status {svc.proc.returncode}) before it was "
                                    f"ready; log:\n{svc.log_tail()}")
-            if spec.ready_port is not None:
-                ready = self._port_open(spec.ready_port)
-            else:
-                ready = self._popen(svc, spec.ready_command).wait(timeout=max(0.1, deadline - time.monotonic())) == 0
+            ready = self._port_open(spec.ready_port) if spec.ready_port is not None else self._probe(svc, deadline)
             if ready:
                 break
             if time.monotonic() > deadline:
@@ -404,6 +414,11 @@ def _killpg(proc: subprocess.Popen) -> None:
 def start_services(specs: list[ServiceSpec], tmp_root: str | None = None) -> TaskServices:
     """Start `specs` in a new network namespace; returns once all are ready (ServiceError if one is not)."""
     return TaskServices(specs, tmp_root).start()
+
+
+@functools.lru_cache(maxsize=8)
+def _reap_once(tmp_root: str) -> int:
+    return reap_stale_services(tmp_root) if os.geteuid() == 0 else 0
 
 
 def reap_stale_services(tmp_root: str | None = None) -> int:
