@@ -122,3 +122,20 @@ def test_the_server_closes_sessions_their_client_abandoned(tmp_path) -> None:
             env.step([])
     finally:
         server.stop()
+
+
+def test_the_server_caps_its_sessions(tmp_path) -> None:
+    server = EnvServer(EnvConfig(tools="core"), tmp_path, "token-123456", max_sessions=1)
+    url = server.start()
+    task = generate_tasks(1, seed=4, difficulty="easy")[0]
+    try:
+        first = RemoteEnv(EnvConfig(tools="core"), url, "token-123456")
+        first.reset(task)
+        with pytest.raises(RemoteEnvError, match="503.*1 sessions open"):
+            RemoteEnv(EnvConfig(tools="core"), url, "token-123456").reset(task)
+        first.close()
+        second = RemoteEnv(EnvConfig(tools="core"), url, "token-123456")
+        second.reset(task)  # a slot is free again
+        second.close()
+    finally:
+        server.stop()
