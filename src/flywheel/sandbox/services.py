@@ -147,7 +147,10 @@ def _postgres(d: dict[str, Any]) -> ServiceSpec:
               "-c full_page_writes=off -c synchronous_commit=off -c shared_buffers=16MB -c max_connections=40 "
               "-c dynamic_shared_memory_type=mmap -c logging_collector=off")
     setup = f"{pg}/initdb -D {DATA}/pg -U {user} --auth=trust -E UTF8 --locale=C.UTF-8 --no-sync -N >/dev/null"
-    init = f"{pg}/createdb -h 127.0.0.1 -p {port} -U {user} {db}"
+    # The port accepts connections while the server still starts up ("the database system is starting up"):
+    # wait until it takes queries, then create the database.
+    init = (f"until {pg}/pg_isready -q -h 127.0.0.1 -p {port}; do sleep 0.05; done\n"
+            f"{pg}/createdb -h 127.0.0.1 -p {port} -U {user} {db}")
     if init_sql:
         init += (f"\ncat > {DATA}/init.sql <<'FLYWHEEL_INIT_SQL'\n{init_sql}\nFLYWHEEL_INIT_SQL\n"
                  f"psql -v ON_ERROR_STOP=1 -q -h 127.0.0.1 -p {port} -U {user} -d {db} -f {DATA}/init.sql >/dev/null")
@@ -261,7 +264,7 @@ class TaskServices:
         self.env: dict[str, str] = {k: v for s in specs for k, v in s.env.items()}
         self.tmp_root = tmp_root or default_tmp_root()
         _reap_once(self.tmp_root)  # what owners killed by SIGKILL left (their services died with them)
-        self.netns: int | None = netns.POOL.acquire() if specs else None
+        self.netns: int | None = netns.fresh() if specs else None
         self.running: list[_Running] = []
         self._closed = False
         self._owner_pid = os.getpid()
@@ -394,7 +397,9 @@ class TaskServices:
             UIDS.release(svc.uid)
         self.running = []
         if self.netns is not None:
-            netns.POOL.release(self.netns)  # nothing of the services lives in it any more
+            # Not back to the pool: the kernel finishes killing a pid namespace asynchronously, and a server still
+            # dying there would hold its port against the next session's. The namespace goes with its last process.
+            os.close(self.netns)
             self.netns = None
 
     def __enter__(self) -> TaskServices:
