@@ -133,6 +133,13 @@ class Trajectory:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def graded(self) -> Reward:
+        """The reward, for code that runs after grading (the buffer, the trainer, the metrics)."""
+        if self.reward is None:
+            raise ValueError(f"trajectory of task {self.task_id!r} (group {self.group_id}) has not been graded")
+        return self.reward
+
+    @property
     def min_version(self) -> int:
         versions = [v for s in self.segments for v, m in zip(s.versions, s.loss_mask) if m]
         return min(versions) if versions else -1

@@ -26,8 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.config import EnvConfig
+from flywheel.envs.changes import call_grader, capture_changes
+from flywheel.envs.judge import combine
+from flywheel.envs.reward import grade, unsubmitted, workspace_diff
 from flywheel.envs.tools import Harness, tools_for
+from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.services import TaskServices, parse_services, start_services
+from flywheel.tasks.loaders import task_base_dir
 from flywheel.types import Message, Reward, Task, ToolCall, ToolCallError
 
 # Compact: every token counts for the tiny demo model (~600 tokens for a whole easy session). The tool
@@ -74,9 +79,6 @@ class CodingEnv:
             raise ValueError("env.rubric_weight > 0 needs a RubricJudge: pass CodingEnv(..., judge=RubricJudge(...))")
 
     def reset(self, task: Task) -> list[Message]:
-        from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
-        from flywheel.tasks.loaders import task_base_dir
-
         self.close()
         base = task_base_dir(task, self.cache_dir)
         self.base = base
@@ -108,9 +110,7 @@ class CodingEnv:
 
     def grade(self) -> Reward:
         """The session's reward (computed once; later calls return the same object)."""
-        from flywheel.envs.reward import grade
-
-        if self.harness is None or self.task is None:
+        if self.harness is None or self.task is None or self.base is None:
             raise RuntimeError("call reset(task) before grade()")
         if self.reward is None:
             ws = Path(self.sandbox.workspace)
@@ -122,15 +122,10 @@ class CodingEnv:
                 reward = grade(self.task, ws, self.cfg, tool_log=self.harness.log, kind=self.sandbox_kind,
                                run_tests=not untested, services=self.services)
             else:
-                from flywheel.envs.changes import call_grader, capture_changes
-
                 assert self.base is not None  # set by reset
                 changes = capture_changes(self.base, ws)
                 reward = call_grader(self.grader, self.task, changes, list(self.harness.log))
             if self.judge is not None and self.cfg.rubric_weight > 0:
-                from flywheel.envs.judge import combine
-                from flywheel.envs.reward import workspace_diff
-
                 coro = self.judge.score(self.task, diff=workspace_diff(self.task, ws))
                 if self.loop is not None:
                     score = asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -138,8 +133,6 @@ class CodingEnv:
                     score = asyncio.run(coro)
                 reward = combine(reward, score, self.cfg)
             if self.cfg.require_submit and not self.done:
-                from flywheel.envs.reward import unsubmitted
-
                 reward = unsubmitted(reward)
             self.reward = reward
         return self.reward
