@@ -147,6 +147,31 @@ class EnvConfig(Section):
         "all", description="tools offered: all seven, or 'core' (view, str_replace, run_tests, submit) for tiny models")
     system_prompt: Literal["compact", "full"] = Field(
         "compact", description="'compact' (a few tokens, for tiny models) or 'full' (tool guidance, for real models)")
+    remote_url: list[str] = Field(default_factory=list, description="env-server URLs (`flywheel env-server`, "
+                                  "http://host:port): rollout sessions run there instead of in this process, "
+                                  "round-robin; a session that fails on one is retried on the next (a string is one "
+                                  "URL); empty = local; the server's own env config decides limits and reward")
+    remote_token_env: str = Field("FLYWHEEL_ENV_TOKEN", min_length=1, description="name of the environment variable "
+                                  "holding the env-server's token (the token itself never goes in a config file)")
+    remote_timeout_s: float = Field(30.0, gt=0, le=3600, description="seconds an env-server request may take beyond "
+                                    "the work it bounds (command_timeout_s per tool call, grade_timeout_s); past it "
+                                    "the session is an environment failure, never a reward")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_url(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("remote_url"), str):
+            url = data["remote_url"]
+            data = {**data, "remote_url": [url] if url else []}
+        return data
+
+    @model_validator(mode="after")
+    def _check_urls(self) -> EnvConfig:
+        for url in self.remote_url:
+            if not url.startswith(("http://", "https://")) or len(url) < 10:
+                raise ValueError(f"env.remote_url entry {url!r} must be an http(s)://host:port URL of a "
+                                 "`flywheel env-server`")
+        return self
 
 
 class RolloutConfig(Section):

@@ -94,6 +94,9 @@ class Task:
     limits: TaskLimits = field(default_factory=TaskLimits)
     solution: dict[str, str] | None = None  # known fix (files), for oracle tests and mid-training data
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. split, difficulty, mutation kind
+    # services started in the task's network namespace for the session and its grading (sandbox/services.py),
+    # e.g. [{"kind": "postgres", "database": "app"}]
+    services: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from flywheel.config import FlywheelConfig
-from flywheel.envs.env import CodingEnv
+from flywheel.envs.remote_client import env_factory
 from flywheel.envs.tools import tools_for
 from flywheel.inference.registry import build_node_engine
 from flywheel.orchestrator.pacing import Permits, paced
@@ -68,7 +68,8 @@ class InferenceNode:
                                                          Path(spec.cache_dir).parent, name=f"vllm-node{spec.node_id}")
         env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
         self.grader = grader
-        self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind, grader=grader),
+        # local CodingEnv, or sessions on env-servers (env.remote_url; envs/remote_client.py)
+        self.worker = RolloutWorker(self.engine, self.chat, env_factory(env_cfg, cache_dir, kind, grader=grader),
                                     self.cfg.rollout)
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)
         self.sampler = task_sampler(spec.tasks, self.rng, self.cfg.orchestrator)
