@@ -89,7 +89,14 @@ def _burst(base: Path, limits: SandboxLimits, kind: str, num: int, num_threads: 
 
 
 def _bare_bwrap(new_session: bool) -> None:
-    subprocess.run(["bwrap", "--ro-bind", "/", "/", "true"], check=True, start_new_session=new_session)
+    """`bwrap --ro-bind / / true`. Binding / recursively copies every mount of the host, so it fails (EINVAL)
+    when another process's sandbox mount goes away meanwhile; that attempt is repeated, up to twice."""
+    for _ in range(3):
+        done = subprocess.run(["bwrap", "--ro-bind", "/", "/", "true"], start_new_session=new_session,
+                              stderr=subprocess.PIPE)
+        if done.returncode == 0:
+            return
+    raise RuntimeError(f"bare bwrap failed 3 times: {done.stderr.decode(errors='replace').strip()}")
 
 
 def _bare_burst(num: int, num_threads: int, new_session: bool) -> float:
