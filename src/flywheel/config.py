@@ -457,7 +457,11 @@ class GateConfig(Section):
     """The deploy gate (online/gate.py): held-out paired eval of candidate vs serving, and hack monitors."""
 
     enabled: bool = Field(True, description="false ships every candidate (tests of the rollback path only)")
-    num_prompts: int = Field(64, ge=4, le=100_000, description="held-out prompts scored per candidate")
+    num_prompts: int = Field(128, ge=4, le=100_000, description="held-out prompts scored per candidate (the same "
+                             "prompts and seeds every time, so the scores of a version are kept, not recomputed)")
+    compare_last: int = Field(4, ge=0, le=1000, description="also judge a candidate against the best-scoring of "
+                              "the last N versions deployed before the serving one, so that small regressions, "
+                              "none significant alone, cannot add up; 0 = against the serving version only")
     alpha: float = Field(0.05, gt=0, lt=0.5, description="significance of the one-sided paired sign test: reject "
                          "when P(a candidate no worse than serving loses this often) < alpha")
     max_mean_drop: float = Field(0.05, ge=0, le=1, description="reject when the mean held-out score drops by more "

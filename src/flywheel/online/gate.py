@@ -106,12 +106,21 @@ def judge(serving: list[EvalRecord], candidate: list[EvalRecord], cfg: GateConfi
 
 
 class Gate:
-    """Runs the suite on serving and candidate weights in `engine` (a LocalEngine of the policy's architecture)."""
+    """Runs the suite on serving and candidate weights in `engine` (a LocalEngine of the policy's architecture).
 
-    def __init__(self, cfg: GateConfig, suite: EvalSuite, engine: Any):
-        self.cfg, self.suite, self.engine = cfg, suite, engine
+    The records of every version it scored are kept (`records`): the suite's prompts and seeds are fixed, so a
+    version's records do not change, and a serving version that once passed as a candidate is not run again.
+    `references` (earlier deployed versions) are judged against with their kept records: a candidate must not
+    regress significantly against the best of them either, so a run of small regressions, none significant on
+    its own, cannot add up."""
+
+    def __init__(self, cfg: GateConfig, suite: EvalSuite, engine: Any, keep: int = 64):
+        self.cfg, self.suite, self.engine, self.keep = cfg, suite, engine, keep
+        self.records: dict[int, list[EvalRecord]] = {}
 
     async def _run(self, version: int, tensors: Mapping[str, Any]) -> list[EvalRecord]:
+        if version in self.records:
+            return self.records[version]
         self.engine.update_weights(version, tensors)
         prompts = self.suite.prompts(self.cfg.num_prompts)
         base = self.suite.sampling
@@ -120,19 +129,33 @@ class Gate:
                                                    max_new_tokens=base.max_new_tokens,
                                                    stop_token_ids=base.stop_token_ids, seed=i))
             for i, p in enumerate(prompts)])
-        return [self.suite.score(i, g.token_ids) for i, g in enumerate(gens)]
+        recs = [self.suite.score(i, g.token_ids) for i, g in enumerate(gens)]
+        self.records[version] = recs
+        while len(self.records) > self.keep:
+            self.records.pop(min(self.records))
+        return recs
 
     async def evaluate_async(self, serving_version: int, serving: Mapping[str, Any], candidate_version: int,
-                             candidate: Mapping[str, Any]) -> Verdict:
+                             candidate: Mapping[str, Any], references: tuple[int, ...] = ()) -> Verdict:
         rs = await self._run(serving_version, serving)
         rc = await self._run(candidate_version, candidate)
+        verdict = judge(rs, rc, self.cfg)
+        refs = [v for v in references if v in self.records and v not in (serving_version, candidate_version)]
+        if verdict.passed and refs:
+            best = max(refs, key=lambda v: rates(self.records[v])["score"])
+            if rates(self.records[best])["score"] > rates(rs)["score"]:
+                against_best = judge(self.records[best], rc, self.cfg)
+                verdict.figures["reference"] = {"version": best, **against_best.figures}
+                if not against_best.passed:
+                    verdict = Verdict(False, f"against version {best} (the best of the last deployed): "
+                                      + against_best.reason, verdict.figures)
+        verdict.figures.update({"serving_version": serving_version, "candidate_version": candidate_version})
         if not self.cfg.enabled:
-            v = judge(rs, rc, self.cfg)
-            return Verdict(True, "gate disabled (online.gate.enabled = false); would have said: " + v.reason,
-                           v.figures)
-        return judge(rs, rc, self.cfg)
+            return Verdict(True, "gate disabled (online.gate.enabled = false); it would have said: " + verdict.reason,
+                           verdict.figures)
+        return verdict
 
     def evaluate(self, serving_version: int, serving: Mapping[str, Any], candidate_version: int,
-                 candidate: Mapping[str, Any]) -> Verdict:
+                 candidate: Mapping[str, Any], references: tuple[int, ...] = ()) -> Verdict:
         """Blocking; call from a thread that runs no event loop (the learner's)."""
-        return asyncio.run(self.evaluate_async(serving_version, serving, candidate_version, candidate))
+        return asyncio.run(self.evaluate_async(serving_version, serving, candidate_version, candidate, references))

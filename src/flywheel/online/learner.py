@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.config import OnlineConfig, TrainerConfig
-from flywheel.online.deploy import LiveMonitor, deployed_version, rollback, rollback_target
+from flywheel.online.deploy import LiveMonitor, deploy_stack, deployed_version, rollback, rollback_target
 from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord
 from flywheel.online.gate import Gate
 from flywheel.trainer.train import Trainer
@@ -208,7 +208,9 @@ class OnlineLearner:
         serving = self.base_version
         if self.weights.version != serving:
             self.weights.poll(serving)
-        verdict = self.gate.evaluate(serving, self.weights.tensors, version, tensors)
+        stack = deploy_stack(self.elog.events(("deploy", "rollback")))
+        refs = tuple(stack[-self.cfg.gate.compare_last - 1:-1]) if self.cfg.gate.compare_last else ()
+        verdict = self.gate.evaluate(serving, self.weights.tensors, version, tensors, refs)
         figures = {**verdict.figures, "candidate": version, "serving": serving}
         if verdict.passed:
             self.elog.append_event("gate_pass", version, verdict.reason, figures)
