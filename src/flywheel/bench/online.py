@@ -14,8 +14,9 @@ four at a time, and send accept/reject feedback on every suggestion (the Tab map
 4. after: honest users again; their accept rate is `accept_rate_after`.
 
 `summary`: accept_rate_before / accept_rate_after (the baseline is the same server's version 0, measured in the
-same run), deploys, rollbacks, gate_rejects, poisoned_requests_served (requests answered by a version whose
-training window held poisoned feedback), dropped_requests (requests or feedback calls that failed),
+same run), deploys, rollbacks, gate_rejects, poisoned_requests_served (requests answered by a version trained
+mostly, at least half, on poisoned feedback; `tainted_requests_served` counts those of versions that learned from
+any), dropped_requests (requests or feedback calls that failed),
 p50/p99_latency_ms while deploying (requests in flight between a deploy event and 0.5 s after the server
 installed it) with p50/p99 of all requests beside them, feedback_to_deploy_s (the last feedback event a candidate
 learned from to the server serving it; median), and the machine's load average.
@@ -177,7 +178,13 @@ def _summarize(out: dict[str, list[Interaction]], events, status: dict, poison_k
                marks: dict[str, float], t_start: float) -> dict:
     all_its = [i for its in out.values() for i in its]
     cands = {e.version: e for e in events if e.kind == "candidate"}
-    poisoned_versions = {v for v, e in cands.items() if set(e.data.get("keys", [])) & poison_key_ids}
+    def poison_share(e) -> float:
+        per_key = e.data.get("events_per_key", {})
+        return sum(n for k, n in per_key.items() if k in poison_key_ids) / max(sum(per_key.values()), 1)
+
+    # poisoned: trained mostly (at least half) on poisoned feedback; tainted: on any
+    poisoned_versions = {v for v, e in cands.items() if poison_share(e) >= 0.5}
+    tainted_versions = {v for v, e in cands.items() if poison_share(e) > 0}
     deploys = [e for e in events if e.kind == "deploy" and e.version]
     rollbacks = [e for e in events if e.kind == "rollback"]
     rejects = [e for e in events if e.kind == "gate_reject"]
@@ -201,6 +208,9 @@ def _summarize(out: dict[str, list[Interaction]], events, status: dict, poison_k
         "poisoned_versions": sorted(poisoned_versions),
         "poisoned_versions_deployed": sorted(poisoned_versions & {e.version for e in deploys}),
         "poisoned_requests_served": sum(i.weight_version in poisoned_versions for i in all_its if i.ok),
+        "tainted_versions_deployed": sorted(tainted_versions & {e.version for e in deploys}),
+        "tainted_requests_served": sum(i.weight_version in tainted_versions for i in all_its if i.ok),
+        "poison_share_per_candidate": {v: round(poison_share(e), 3) for v, e in sorted(cands.items())},
         "dropped_requests": sum(not (i.ok and i.feedback_ok) for i in all_its),
         "num_requests": len(all_its),
         "p50_latency_ms": _pct(during, 0.5), "p99_latency_ms": _pct(during, 0.99), "num_requests_deploying": len(during),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,8 @@ class OnlineLearner:
     # ---- weights ----------------------------------------------------------------------------------
 
     def reset_to_deployed(self, why: str) -> int:
-        """Load the deployed version's weights; drop optimizer state and the untested window."""
+        """Load the deployed version's weights; drop optimizer state and the window the gate refused (events
+        read but not yet trained on stay: they are samples like any other, their version lag corrected)."""
         v = deployed_version(self.elog.events(("deploy", "rollback")))
         if v is None:
             raise ValueError("no version is deployed yet; `flywheel serve` deploys version 0 at its first start")
@@ -134,7 +136,7 @@ class OnlineLearner:
         self.model.load_state_dict(with_grad, strict=False)
         self.trainer.optimizer.state.clear()
         self.base_version = v
-        self.pending, self.window = [], []
+        self.window = []
         self.window_started_s = time.time()
         if why != "start":
             self.elog.append_event("learner_reset", v, why)
@@ -171,7 +173,7 @@ class OnlineLearner:
 
     def poll(self) -> dict[str, Any]:
         """One round: read feedback, train full batches, check the live monitor, maybe propose a candidate."""
-        rows = self.elog.feedback_after(self.cursor, limit=max(64, 16 * self.lcfg.batch_size))
+        rows = self.elog.feedback_after(self.cursor, limit=4 * self.lcfg.batch_size)
         self._ingest(rows)
         out: dict[str, Any] = {"num_read": len(rows)}
         if self._check_live():
@@ -200,6 +202,7 @@ class OnlineLearner:
         seqs = [t.meta["feedback_seq"] for t in self.window]
         data = {"feedback_seq_first": min(seqs), "feedback_seq_last": max(seqs), "num_events": len(self.window),
                 "keys": sorted({t.meta["key_id"] for t in self.window}), "base_version": self.base_version,
+                "events_per_key": dict(Counter(t.meta["key_id"] for t in self.window)),
                 "baseline": self.baseline.value, "publish_s": time.time() - t0,
                 "last_feedback_s": max(self.elog_feedback_time(seqs))}
         self.elog.append_event("candidate", version, f"{len(self.window)} feedback events since version "
