@@ -431,8 +431,8 @@ class LearnerConfig(Section):
 
     enabled: bool = Field(True, description="run the learner inside `flywheel serve` (false: serve only)")
     rewards: dict[str, float] = Field(
-        default_factory=lambda: {"accept": 0.75, "reject": -0.25, "edit_kept": 1.0, "edit_reverted": -0.5,
-                                 "thumbs_up": 1.0, "thumbs_down": -1.0, "follow_up": -0.5},
+        {"accept": 0.75, "reject": -0.25, "edit_kept": 1.0, "edit_reverted": -0.5, "thumbs_up": 1.0,
+         "thumbs_down": -1.0, "follow_up": -0.5},
         description="reward per feedback signal (the Tab mapping: accept +0.75, reject -0.25); signals not listed "
                     "are recorded but not trained on")
     baseline_decay: float = Field(0.95, ge=0, lt=1, description="running-baseline decay per event: b <- d*b + "

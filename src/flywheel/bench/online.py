@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,7 +66,8 @@ def build_policy(out: Path, seed: int = 0) -> Path:
 class ServerProcess:
     """`flywheel serve` in a child process; `kill()` is SIGKILL (tests use it for durability)."""
 
-    def __init__(self, run_dir: Path, model_dir: Path, extra: list[str] | None = None, db_url: str = ""):
+    def __init__(self, run_dir: Path, model_dir: Path, extra: list[str] | None = None, db_url: str = "",
+                 wait: bool = True):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.port_file = run_dir / f"port-{time.monotonic_ns()}.json"
@@ -77,7 +79,13 @@ class ServerProcess:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         self.log_path = run_dir / "serve.log"
         self.proc = subprocess.Popen(cmd, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 120
+        self.port, self.base_url = 0, ""
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        """Until the server listens (it writes its port file then)."""
+        deadline = time.time() + timeout_s
         while not self.port_file.is_file():
             if self.proc.poll() is not None or time.time() > deadline:
                 self.proc.kill()
@@ -199,7 +207,7 @@ def _summarize(out: dict[str, list[Interaction]], events, status: dict, poison_k
             to_deploy.append(inst["installed_s"] - float(c.data["last_feedback_s"]))
     before, after = _accept(out["before"]), _accept(out["after"])
     before_v0 = [i for i in out["before"] if i.weight_version == 0]
-    summary = {
+    summary: dict[str, Any] = {
         "accept_rate_before": before, "accept_rate_after": after,
         "accept_rate_gain": (after - before) if before is not None and after is not None else None,
         "liked_rate_before": sum(i.liked for i in before_v0) / max(len(before_v0), 1),

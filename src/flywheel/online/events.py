@@ -173,6 +173,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _new_id(result: Any) -> int:
+    key = result.inserted_primary_key
+    assert key is not None, "an INSERT returns the new row's primary key"
+    return int(key[0])
+
+
 class EventLog:
     """Keys, completions, feedback and events in one SQL database (SQLite WAL or PostgreSQL)."""
 
@@ -218,7 +224,7 @@ class EventLog:
         values = {k: v for k, v in asdict(rec).items() if k != "seq"}
         try:
             with self.engine.begin() as c:
-                rec.seq = int(c.execute(insert(COMPLETIONS).values(**values)).inserted_primary_key[0])
+                rec.seq = _new_id(c.execute(insert(COMPLETIONS).values(**values)))
         except IntegrityError:
             raise DuplicateError(f"completion '{rec.id}' already exists") from None
 
@@ -238,7 +244,7 @@ class EventLog:
         values = {k: v for k, v in asdict(rec).items() if k != "seq"}
         try:
             with self.engine.begin() as c:
-                rec.seq = int(c.execute(insert(FEEDBACK).values(**values)).inserted_primary_key[0])
+                rec.seq = _new_id(c.execute(insert(FEEDBACK).values(**values)))
         except IntegrityError:
             raise DuplicateError(f"feedback '{rec.id}' already exists") from None
 
@@ -265,9 +271,8 @@ class EventLog:
             raise ValueError(f"event kind '{kind}' is not one of {list(EVENT_KINDS)}")
         ev = Event(kind, version, reason, json.loads(json.dumps(data or {})), time.time())
         with self.engine.begin() as c:
-            ev.seq = int(c.execute(insert(EVENTS).values(kind=ev.kind, version=ev.version, reason=ev.reason,
-                                                         data=ev.data, created_s=ev.created_s))
-                         .inserted_primary_key[0])
+            ev.seq = _new_id(c.execute(insert(EVENTS).values(kind=ev.kind, version=ev.version, reason=ev.reason,
+                                                             data=ev.data, created_s=ev.created_s)))
         return ev
 
     def events(self, kinds: tuple[str, ...] | None = None, after_seq: int = 0) -> list[Event]:

@@ -133,8 +133,10 @@ class Service:
             t = threading.Thread(target=self.learner.run, args=(self._stop,), name="online-learner", daemon=True)
             t.start()
             self._threads = (t,)
-        if port_file:
-            Path(port_file).write_text(json.dumps({"port": self.port, "host": self.cfg.online.serve.host}))
+        if port_file:  # written whole, then renamed: a reader never sees half of it
+            tmp = Path(port_file).with_suffix(".tmp")
+            tmp.write_text(json.dumps({"port": self.port, "host": self.cfg.online.serve.host}))
+            tmp.replace(port_file)
         return self.port
 
     async def stop(self) -> None:
