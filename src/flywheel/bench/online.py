@@ -15,8 +15,9 @@ four at a time, and send accept/reject feedback on every suggestion (the Tab map
 
 `summary`: accept_rate_before / accept_rate_after (the baseline is the same server's version 0, measured in the
 same run), deploys, rollbacks, gate_rejects, poisoned_requests_served (requests answered by a version trained
-mostly, at least half, on poisoned feedback; `tainted_requests_served` counts those of versions that learned from
-any), dropped_requests (requests or feedback calls that failed),
+mostly, at least half, on poisoned feedback whose held-out score is more than 0.05 below that of the version serving
+when the burst began: the harm the burst did; `tainted_requests_served` counts those of every version that learned
+from any poisoned feedback, harmful or not), dropped_requests (requests or feedback calls that failed),
 p50/p99_latency_ms while deploying (requests in flight between a deploy event and 0.5 s after the server
 installed it) with p50/p99 of all requests beside them, feedback_to_deploy_s (the last feedback event a candidate
 learned from to the server serving it; median), and the machine's load average.
@@ -39,14 +40,16 @@ from typing import Any
 import httpx
 
 from flywheel.config import ModelConfig
+from flywheel.online.deploy import deployed_version
 from flywheel.online.events import EventLog
 from flywheel.online.keys import new_key
 from flywheel.online.simulator import Interaction, SimUser, SuggestionTask, simulate
 from flywheel.policy.model import build_model, save_model
 from flywheel.policy.tokenizer import default_corpus, save_tokenizer, train_tokenizer
 
-TARGETS = {"accept_rate_gain": 0.10, "dropped_requests": 0}
-PHASES = {"before": 96, "learn": 960, "poison": 192, "after": 256}
+TARGETS = {"accept_rate_gain": 0.10, "dropped_requests": 0, "poisoned_requests_served": 0}
+MAX_HARM = 0.05  # a version trained on the burst is harmful when its held-out score is this far below the pre-burst one
+PHASES = {"before": 96, "learn": 960, "poison": 384, "after": 256}
 QUICK = {"before": 48, "learn": 240, "poison": 96, "after": 96}
 # `--key=value`: a bare value after an override would be taken for serve's CONFIG argument
 SERVER_ARGS = ["--online.serve.port=0", "--online.learner.candidate_every_events=48", "--online.learner.batch_size=8",
@@ -190,9 +193,17 @@ def _summarize(out: dict[str, list[Interaction]], events, status: dict, poison_k
         per_key = e.data.get("events_per_key", {})
         return sum(n for k, n in per_key.items() if k in poison_key_ids) / max(sum(per_key.values()), 1)
 
-    # poisoned: trained mostly (at least half) on poisoned feedback; tainted: on any
-    poisoned_versions = {v for v, e in cands.items() if poison_share(e) >= 0.5}
+    # held-out score of each version the gate judged, and the version serving when the burst began
+    score = {e.version: e.data["candidate"]["score"] for e in events if e.kind in ("gate_pass", "gate_reject")}
+    score.update({e.data["serving_version"]: e.data["serving"]["score"] for e in events
+                  if e.kind in ("gate_pass", "gate_reject")})
+    before_burst = deployed_version([e for e in events if e.kind in ("deploy", "rollback")
+                                     and e.created_s < marks["poison"]])
+    floor = score.get(before_burst, 0.0) - MAX_HARM
+    # poisoned: trained mostly (at least half) on poisoned feedback and worse on the held-out suite than the version
+    # that served when the burst began; tainted: trained on any poisoned feedback, harmful or not
     tainted_versions = {v for v, e in cands.items() if poison_share(e) > 0}
+    poisoned_versions = {v for v, e in cands.items() if poison_share(e) >= 0.5 and score.get(v, 0.0) < floor}
     deploys = [e for e in events if e.kind == "deploy" and e.version]
     rollbacks = [e for e in events if e.kind == "rollback"]
     rejects = [e for e in events if e.kind == "gate_reject"]
@@ -216,6 +227,8 @@ def _summarize(out: dict[str, list[Interaction]], events, status: dict, poison_k
         "poisoned_versions": sorted(poisoned_versions),
         "poisoned_versions_deployed": sorted(poisoned_versions & {e.version for e in deploys}),
         "poisoned_requests_served": sum(i.weight_version in poisoned_versions for i in all_its if i.ok),
+        "version_before_burst": before_burst, "heldout_score_before_burst": score.get(before_burst),
+        "heldout_score_per_version": {v: round(x, 4) for v, x in sorted(score.items())},
         "tainted_versions_deployed": sorted(tainted_versions & {e.version for e in deploys}),
         "tainted_requests_served": sum(i.weight_version in tainted_versions for i in all_its if i.ok),
         "poison_share_per_candidate": {v: round(poison_share(e), 3) for v, e in sorted(cands.items())},

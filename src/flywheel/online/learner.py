@@ -214,7 +214,7 @@ class OnlineLearner:
         stack = deploy_stack(self.elog.events(("deploy", "rollback")))
         refs = tuple(stack[-self.cfg.gate.compare_last - 1:-1]) if self.cfg.gate.compare_last else ()
         verdict = self.gate.evaluate(serving, self.weights.tensors, version, tensors, refs)
-        figures = {**verdict.figures, "candidate": version, "serving": serving}
+        figures = verdict.figures
         if verdict.passed:
             self.elog.append_event("gate_pass", version, verdict.reason, figures)
             self.elog.append_event("deploy", version, "gate passed: " + verdict.reason, {"from_version": serving})
