@@ -15,9 +15,10 @@ four at a time, and send accept/reject feedback on every suggestion (the Tab map
 
 `summary`: accept_rate_before / accept_rate_after (the baseline is the same server's version 0, measured in the
 same run), deploys, rollbacks, gate_rejects, poisoned_requests_served (requests answered by a version trained
-mostly, at least half, on poisoned feedback whose held-out score is more than 0.05 below that of the version serving
-when the burst began: the harm the burst did; `tainted_requests_served` counts those of every version that learned
-from any poisoned feedback, harmful or not), dropped_requests (requests or feedback calls that failed),
+mostly, at least half, on poisoned feedback whose held-out score is more than 0.05 below that of the version the
+learner started from when it first trained on poisoned feedback: the harm the burst did;
+`tainted_requests_served` counts those of every version that learned from any poisoned feedback, harmful or not),
+dropped_requests (requests or feedback calls that failed),
 p50/p99_latency_ms while deploying (requests in flight between a deploy event and 0.5 s after the server
 installed it) with p50/p99 of all requests beside them, feedback_to_deploy_s (the last feedback event a candidate
 learned from to the server serving it; median), and the machine's load average.
@@ -40,7 +41,6 @@ from typing import Any
 import httpx
 
 from flywheel.config import ModelConfig
-from flywheel.online.deploy import deployed_version
 from flywheel.online.events import EventLog
 from flywheel.online.keys import new_key
 from flywheel.online.simulator import Interaction, SimUser, SuggestionTask, simulate
@@ -197,9 +197,10 @@ def _summarize(out: dict[str, list[Interaction]], events, status: dict, poison_k
     score = {e.version: e.data["candidate"]["score"] for e in events if e.kind in ("gate_pass", "gate_reject")}
     score.update({e.data["serving_version"]: e.data["serving"]["score"] for e in events
                   if e.kind in ("gate_pass", "gate_reject")})
-    before_burst = deployed_version([e for e in events if e.kind in ("deploy", "rollback")
-                                     and e.created_s < marks["poison"]])
-    floor = score.get(before_burst, 0.0) - MAX_HARM
+    # the version the learner started from when it first trained on poisoned feedback (it lags the traffic)
+    first_tainted = [e for v, e in sorted(cands.items()) if poison_share(e) > 0]
+    before_burst = int(first_tainted[0].data["base_version"]) if first_tainted else None
+    floor = score.get(before_burst, 0.0) - MAX_HARM if before_burst is not None else 0.0
     # poisoned: trained mostly (at least half) on poisoned feedback and worse on the held-out suite than the version
     # that served when the burst began; tainted: trained on any poisoned feedback, harmful or not
     tainted_versions = {v for v, e in cands.items() if poison_share(e) > 0}
