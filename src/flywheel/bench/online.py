@@ -163,11 +163,12 @@ def _run(server: ServerProcess, phases: dict[str, int], t_start: float) -> dict:
     for name, users, seed in (("before", honest, 1), ("learn", honest, 2), ("poison", poison, 3)):
         marks[name] = time.time()
         out[name] = phase(users, phases[name], seed)
-    # the learner needs a moment to train on the burst's tail and put its candidate through the gate
-    _wait_for_candidates(elog, time.time() + 60)
+    # the learner trails the traffic (by minutes on a loaded 2-core machine): let it train on the whole burst and
+    # put its candidates through the gate before the honest users come back
+    _wait_for_candidates(elog, time.time() + 300)
     marks["after"] = time.time()
     out["after"] = phase(honest, phases["after"], 4)
-    _wait_for_candidates(elog, time.time() + 30)
+    _wait_for_candidates(elog, time.time() + 120)
     status = server.status(admin)
     events = elog.events()
     return _summarize(out, events, status, poison_key_ids, marks, t_start)
