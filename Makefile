@@ -44,7 +44,8 @@ $(RUNTIME): pyproject.toml Makefile
 # The tests add pytest, hypothesis, Ray, Playwright and the other extras of `dev`, Debian's chromium for the
 # dashboard's browser tests (Playwright drives that binary; it never downloads a browser) and Debian's PostgreSQL
 # for tasks with a database service (sandbox/services.py starts its own server per session; the cluster the
-# package creates is not used).
+# package creates is not used) and for the online event log's PostgreSQL test (tests/integration/test_online_postgres.py,
+# which starts its own cluster in a temporary directory).
 $(STAMP): $(RUNTIME)
 	$(PY) -m pip install -q -e ".[dev]"
 	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
@@ -52,7 +53,7 @@ $(STAMP): $(RUNTIME)
 		echo "note: chromium not installed; the dashboard's browser tests (-m browser) need it: apt-get install chromium")
 	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || \
-		echo "note: PostgreSQL not installed; tasks with a postgres service (tests/unit/test_services.py) need it: apt-get install postgresql")
+		echo "note: PostgreSQL not installed; tasks with a postgres service (tests/unit/test_services.py) and the online event log's test need it: apt-get install postgresql")
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -12,7 +12,7 @@ LAYERS = [
     {"tasks", "inference", "trainer"},
     {"envs", "rollout"},
     {"metrics"},
-    {"orchestrator"},
+    {"orchestrator", "online"},
     {"pipeline", "redteam"},
     {"bench"},
     {"commands"},

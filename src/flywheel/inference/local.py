@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ class _Request:
     routed: list[list[list[int]]] = field(default_factory=list)
     ttft_s: float = 0.0
     finish_reason: str | None = None
+    on_token: Callable[[int], None] | None = None  # called on the caller's loop with each sampled token id
     kv_version: int = -1  # the weight version that wrote all of `cache`; -1 once versions are mixed
     num_reused: int = 0  # prompt positions taken from a known prefix instead of prefilled
 
@@ -189,7 +190,10 @@ class LocalEngine:
         if sp.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= to LocalEngine or use stop_token_ids")
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: Callable[[int], None] | None = None) -> Generation:
+        """`on_token(token_id)` (optional) runs on the caller's event loop as each token is sampled: streaming
+        (online/server.py). The Generation returned at the end is the record; the callbacks only preview it."""
         prompt_ids = list(prompt_ids)
         self._validate(prompt_ids, sampling)
         loop = asyncio.get_running_loop()
@@ -197,7 +201,8 @@ class LocalEngine:
         gen.manual_seed(sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         req = _Request(prompt_ids=prompt_ids, params=sampling, loop=loop, future=loop.create_future(),
                        generator=gen, limit=min(sampling.max_new_tokens, self.max_seq_len - len(prompt_ids)),
-                       stop_ids=frozenset(sampling.stop_token_ids) | self.eos_ids, t_submit=time.perf_counter())
+                       stop_ids=frozenset(sampling.stop_token_ids) | self.eos_ids, t_submit=time.perf_counter(),
+                       on_token=on_token)
         self._ensure_thread()
         with self._cond:
             self._pending.append(req)
@@ -311,6 +316,8 @@ class LocalEngine:
         r.token_ids.append(token)
         r.logprobs.append(lp)
         r.versions.append(version)
+        if r.on_token is not None:
+            r.loop.call_soon_threadsafe(r.on_token, token)
         if routed is not None:
             r.routed.append(routed)
         if token in r.stop_ids or (sp.stop and self._hit_stop_string(r)):

@@ -10,6 +10,9 @@ Every session of one task (a *group*, `Trajectory.group_id`) is scored against i
   which removes the question-difficulty bias. Its other half, no per-sequence length normalisation,
   is the loss aggregation `token_sum` in losses.py (set `trainer.aggregation = "token_sum"`).
 
+`given` (A_i = r_i) is for callers whose rewards already carry their baseline: the online learner's single
+samples have no group, so it subtracts a running baseline itself (online/learner.py).
+
 A group whose rewards are all equal has A = 0 for every member under both estimators: it carries no
 learning signal and only its KL term (if any) contributes.
 
@@ -27,7 +30,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-ADVANTAGE_KINDS = ("grpo", "drgrpo")
+ADVANTAGE_KINDS = ("grpo", "drgrpo", "given")
 
 
 def _as_rewards(rewards) -> torch.Tensor:
@@ -75,11 +78,14 @@ def drgrpo_advantages(rewards, group_ids: Sequence[Hashable]) -> torch.Tensor:
 
 
 def compute_advantages(rewards, group_ids: Sequence[Hashable], kind: str = "grpo") -> torch.Tensor:
-    """Dispatch on `kind` ("grpo" or "drgrpo", `trainer.advantage`)."""
+    """Dispatch on `kind` ("grpo", "drgrpo" or "given", `trainer.advantage`)."""
     if kind == "grpo":
         return grpo_advantages(rewards, group_ids)
     if kind == "drgrpo":
         return drgrpo_advantages(rewards, group_ids)
+    if kind == "given":
+        _group_index(group_ids, len(rewards))
+        return _as_rewards(rewards).float()
     raise ValueError(f"unknown advantage estimator '{kind}'; choose one of {list(ADVANTAGE_KINDS)}")
 
 

@@ -245,8 +245,11 @@ class Subscriber:
         return self._manifests[v]
 
     def _plans(self, v: int) -> list[tuple[int, str, list[tuple[dict, str]]]]:
-        """(bytes, kind, steps) for the delta chain from self.version and the anchor route to v."""
+        """(bytes, kind, steps) for the delta chain from self.version and the anchor route to v (only the anchor
+        route when v is older than self.version: a rollback)."""
         plans = []
+        if self.version is not None and v < self.version:
+            return self._plans_from_scratch(v)
         steps: list[dict] = []
         cur: int | None = v
         anchor_found = False
@@ -270,6 +273,13 @@ class Subscriber:
             cur = m.get("base")
         plans.sort(key=lambda p: p[0])
         return plans
+
+    def _plans_from_scratch(self, v: int) -> list[tuple[int, str, list[tuple[dict, str]]]]:
+        held, self.version = self.version, None
+        try:
+            return self._plans(v)
+        finally:
+            self.version = held
 
     def _get(self, cid: str) -> tuple[bytes, int]:
         err: Exception | None = None
@@ -322,15 +332,24 @@ class Subscriber:
                  "num_retries": sum(r for _, r in got.values())}
         return state, stats
 
-    def poll(self) -> int | None:
-        """Fetch, verify and install the newest version; returns it, or None if nothing new was installed."""
+    def poll(self, target: int | None = None) -> int | None:
+        """Fetch, verify and install the newest version; returns it, or None if nothing new was installed.
+
+        `target`: install that version instead, older ones included (a deploy or a rollback chosen elsewhere:
+        online/deploy.py); None when it is already installed or not in the store."""
         with self._lock:
             try:
                 versions = self.source.list_versions()
             except (StoreError, OSError) as err:
                 self.last_error = err
                 return None
-            if not versions or (self.version is not None and versions[-1] <= self.version):
+            if target is not None:
+                if target not in versions or target == self.version:
+                    if target not in versions:
+                        self.last_error = StoreError(f"version {target} is not in the store")
+                    return None
+                versions = [target]
+            if not versions or (target is None and self.version is not None and versions[-1] <= self.version):
                 return None
             v = versions[-1]
             t0 = time.perf_counter()

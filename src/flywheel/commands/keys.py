@@ -1,0 +1,40 @@
+"""API keys of `flywheel serve`, stored hashed in its event log.
+
+    flywheel keys add alice --db runs/online/online.db [--rpm 60] [--max-body-kb 256]   # prints the key once
+    flywheel keys list --db runs/online/online.db
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "create or list API keys of `flywheel serve` (stored hashed)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["add", "list"])
+    p.add_argument("name", nargs="?", default=None, help="add: the key's name (who uses it)")
+    p.add_argument("--db", required=True, help="the event log: a SQLAlchemy URL or a SQLite file path")
+    p.add_argument("--rpm", type=int, default=600, help="requests per minute (default 600)")
+    p.add_argument("--max-body-kb", type=int, default=1024, help="largest request body in KiB (default 1024)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from flywheel.online.events import EventLog
+    from flywheel.online.keys import new_key
+
+    try:
+        elog = EventLog(args.db)
+        if args.action == "list":
+            for k in elog.keys():
+                flag = "\trevoked" if k.revoked else ""
+                print(f"{k.key_id}\t{k.name}\t{k.requests_per_min} rpm\t{k.max_body_bytes} B{flag}")
+            return 0
+        if not args.name:
+            raise ValueError("`flywheel keys add` needs a NAME")
+        key, rec = new_key(args.name, args.rpm, args.max_body_kb * 1024)
+        elog.add_key(rec)
+    except ValueError as err:
+        raise SystemExit(f"flywheel keys: {err}") from None
+    print(key)
+    return 0

@@ -1,0 +1,1 @@
+"""Real-time RL: serving, feedback, the online learner, the gate, deploys (docs/online.md)."""

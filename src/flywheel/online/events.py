@@ -1,0 +1,283 @@
+"""The durable event log of the online loop: API keys, served completions, feedback, deploy events.
+
+    log = EventLog("sqlite:///runs/online/online.db")          # or "postgresql+psycopg://user@host/db", or a path
+    log.add_key(key_id, name, key_hash, requests_per_min=600, max_body_bytes=1 << 20)
+    log.record_completion(CompletionRecord(...))                # committed (fsync'd) when it returns
+    log.record_feedback(FeedbackRecord(...)); log.feedback_after(seq)
+    log.append_event("deploy", version=3, reason="gate passed: ...")
+
+Why so. Every write is one transaction that has committed when the call returns, and the server answers a
+request only after that: what a client was told is durable. SQLite runs in WAL mode with `synchronous=FULL`, so a
+committed transaction survives `kill -9` of the process (and a power cut: the WAL is fsync'd at each commit);
+`busy_timeout` lets a second process (the learner, `flywheel deploy`) share the file. PostgreSQL (through the same
+SQLAlchemy Core statements) serves several hosts. Token ids, log-probs and versions are stored as JSON arrays:
+the learner trains on exactly the tokens that were served, never on a re-tokenization of their text.
+
+Tests: `.venv/bin/python -m pytest -q tests/unit/test_online_events.py tests/integration/test_online_server.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    insert,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+METADATA = MetaData()
+
+API_KEYS = Table(
+    "api_keys", METADATA,
+    Column("key_id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("requests_per_min", Integer, nullable=False),
+    Column("max_body_bytes", Integer, nullable=False),
+    Column("revoked", Boolean, nullable=False, default=False),
+    Column("created_s", Float, nullable=False),
+)
+
+COMPLETIONS = Table(
+    "completions", METADATA,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), nullable=False, unique=True),
+    Column("key_id", String(40), nullable=False, index=True),
+    Column("created_s", Float, nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("version", Integer, nullable=False, index=True),
+    Column("prompt_ids", JSON, nullable=False),
+    Column("token_ids", JSON, nullable=False),
+    Column("logprobs", JSON, nullable=False),
+    Column("versions", JSON, nullable=False),
+    Column("finish_reason", String(16), nullable=False),
+    Column("text", Text, nullable=False),
+    Column("meta", JSON, nullable=False),
+)
+
+FEEDBACK = Table(
+    "feedback", METADATA,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), nullable=False, unique=True),
+    Column("completion_id", String(64), nullable=False, index=True),
+    Column("key_id", String(40), nullable=False),
+    Column("signal", String(32), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("diff", Text, nullable=False),
+    Column("created_s", Float, nullable=False),
+)
+
+EVENTS = Table(
+    "events", METADATA,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(32), nullable=False, index=True),
+    Column("version", Integer, nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("created_s", Float, nullable=False),
+)
+
+EVENT_KINDS = ("deploy", "rollback", "candidate", "gate_pass", "gate_reject", "learner_reset")
+
+
+@dataclass
+class KeyRecord:
+    key_id: str
+    name: str
+    key_hash: str
+    requests_per_min: int
+    max_body_bytes: int
+    revoked: bool = False
+    created_s: float = 0.0
+
+
+@dataclass
+class CompletionRecord:
+    """One served completion, token-exact: `prompt_ids + token_ids` is what the learner trains on."""
+
+    id: str
+    key_id: str
+    model: str
+    version: int  # the oldest version among `versions` (a deploy may land mid-generation)
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    text: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    created_s: float = 0.0
+    seq: int = 0
+
+
+@dataclass
+class FeedbackRecord:
+    id: str
+    completion_id: str
+    key_id: str
+    signal: str
+    message: str = ""
+    diff: str = ""
+    created_s: float = 0.0
+    seq: int = 0
+
+
+@dataclass
+class Event:
+    kind: str
+    version: int | None
+    reason: str
+    data: dict[str, Any] = field(default_factory=dict)
+    created_s: float = 0.0
+    seq: int = 0
+
+
+class DuplicateError(ValueError):
+    """A record with this id already exists."""
+
+
+def database_url(url_or_path: str | Path) -> str:
+    """A SQLAlchemy URL: URLs pass through, a plain path becomes `sqlite:///<absolute path>`."""
+    s = str(url_or_path)
+    if "://" in s:
+        return s
+    if not s:
+        raise ValueError("the event log needs a database: set online.serve.db_url to a SQLAlchemy URL or a file path")
+    p = Path(s).expanduser().resolve()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{p}"
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=FULL")  # each commit fsyncs the WAL: committed = on disk
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def _new_id(result: Any) -> int:
+    key = result.inserted_primary_key
+    assert key is not None, "an INSERT returns the new row's primary key"
+    return int(key[0])
+
+
+class EventLog:
+    """Keys, completions, feedback and events in one SQL database (SQLite WAL or PostgreSQL)."""
+
+    def __init__(self, url: str | Path):
+        self.url = database_url(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        try:
+            self.engine: Engine = create_engine(self.url, pool_pre_ping=not self.is_sqlite,
+                                                connect_args={"timeout": 30} if self.is_sqlite else {})
+        except Exception as err:  # noqa: BLE001 - a bad URL or a missing driver surfaces as many types
+            raise ValueError(f"cannot open the event log '{self.url}': {type(err).__name__}: {err} (for PostgreSQL "
+                             f"install the `postgres` extra and use postgresql+psycopg://user@host:port/db)") from None
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        METADATA.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- keys -------------------------------------------------------------------------------------
+
+    def add_key(self, rec: KeyRecord) -> None:
+        rec.created_s = rec.created_s or time.time()
+        try:
+            with self.engine.begin() as c:
+                c.execute(insert(API_KEYS).values(**asdict(rec)))
+        except IntegrityError:
+            raise DuplicateError(f"API key '{rec.key_id}' (or its hash) already exists") from None
+
+    def key_by_hash(self, key_hash: str) -> KeyRecord | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(API_KEYS).where(API_KEYS.c.key_hash == key_hash)).mappings().first()
+        return KeyRecord(**row) if row else None
+
+    def keys(self) -> list[KeyRecord]:
+        with self.engine.connect() as c:
+            return [KeyRecord(**r) for r in c.execute(select(API_KEYS).order_by(API_KEYS.c.created_s)).mappings()]
+
+    # ---- completions and feedback ----------------------------------------------------------------
+
+    def record_completion(self, rec: CompletionRecord) -> None:
+        rec.created_s = rec.created_s or time.time()
+        values = {k: v for k, v in asdict(rec).items() if k != "seq"}
+        try:
+            with self.engine.begin() as c:
+                rec.seq = _new_id(c.execute(insert(COMPLETIONS).values(**values)))
+        except IntegrityError:
+            raise DuplicateError(f"completion '{rec.id}' already exists") from None
+
+    def completion(self, completion_id: str) -> CompletionRecord | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(COMPLETIONS).where(COMPLETIONS.c.id == completion_id)).mappings().first()
+        return CompletionRecord(**row) if row else None
+
+    def completions(self, after_seq: int = 0, limit: int = 100_000) -> list[CompletionRecord]:
+        with self.engine.connect() as c:
+            rows = c.execute(select(COMPLETIONS).where(COMPLETIONS.c.seq > after_seq)
+                             .order_by(COMPLETIONS.c.seq).limit(limit)).mappings().all()
+        return [CompletionRecord(**r) for r in rows]
+
+    def record_feedback(self, rec: FeedbackRecord) -> None:
+        rec.created_s = rec.created_s or time.time()
+        values = {k: v for k, v in asdict(rec).items() if k != "seq"}
+        try:
+            with self.engine.begin() as c:
+                rec.seq = _new_id(c.execute(insert(FEEDBACK).values(**values)))
+        except IntegrityError:
+            raise DuplicateError(f"feedback '{rec.id}' already exists") from None
+
+    def feedback_after(self, after_seq: int, limit: int = 10_000) -> list[tuple[FeedbackRecord, CompletionRecord]]:
+        """Feedback events with seq > after_seq, oldest first, each with the completion it is about."""
+        f, cpl = FEEDBACK, COMPLETIONS
+        cols = [f.c[n].label(f"f_{n}") for n in f.c.keys()] + [cpl.c[n].label(f"c_{n}") for n in cpl.c.keys()]
+        q = (select(*cols).join_from(f, cpl, f.c.completion_id == cpl.c.id).where(f.c.seq > after_seq)
+             .order_by(f.c.seq).limit(limit))
+        with self.engine.connect() as c:
+            rows = c.execute(q).mappings().all()
+        return [(FeedbackRecord(**{k[2:]: v for k, v in r.items() if k.startswith("f_")}),
+                 CompletionRecord(**{k[2:]: v for k, v in r.items() if k.startswith("c_")})) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        with self.engine.connect() as c:
+            return {t.name: int(c.execute(select(t.c.seq).order_by(t.c.seq.desc()).limit(1)).scalar() or 0)
+                    for t in (COMPLETIONS, FEEDBACK, EVENTS)}
+
+    # ---- deploy events ----------------------------------------------------------------------------
+
+    def append_event(self, kind: str, version: int | None, reason: str, data: dict[str, Any] | None = None) -> Event:
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"event kind '{kind}' is not one of {list(EVENT_KINDS)}")
+        ev = Event(kind, version, reason, json.loads(json.dumps(data or {})), time.time())
+        with self.engine.begin() as c:
+            ev.seq = _new_id(c.execute(insert(EVENTS).values(kind=ev.kind, version=ev.version, reason=ev.reason,
+                                                             data=ev.data, created_s=ev.created_s)))
+        return ev
+
+    def events(self, kinds: tuple[str, ...] | None = None, after_seq: int = 0) -> list[Event]:
+        q = select(EVENTS).where(EVENTS.c.seq > after_seq)
+        if kinds:
+            q = q.where(EVENTS.c.kind.in_(kinds))
+        with self.engine.connect() as c:
+            return [Event(**r) for r in c.execute(q.order_by(EVENTS.c.seq)).mappings()]

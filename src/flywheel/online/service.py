@@ -1,0 +1,154 @@
+"""`flywheel serve` put together: model, engine, event log, weight store, deploy follower, learner, HTTP.
+
+    flywheel serve configs/online.toml                      # or: flywheel serve --model runs/demo/final_model
+    service = Service.build(cfg, model_dir=None); await service.start(); ...; await service.stop()
+
+At the first start the store is empty: the policy's weights are published as version 0 and a `deploy` event for
+it is written, so every later version (candidates, rollbacks) travels through the store and the log. A restart
+(after `kill -9` too) finds both and serves the deployed version again. With no API key in the log, one named
+`default` is created and printed once (and written to `--key-file`); more with `flywheel keys add`.
+
+The learner runs in a thread of this process on its own copy of the policy, and the gate on a third copy in its
+own engine, so serving never waits for training except for CPU time (online.learner.enabled = false serves only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from flywheel.config import FlywheelConfig
+from flywheel.inference.local import LocalEngine, build_engine
+from flywheel.online.deploy import DeploymentFollower
+from flywheel.online.events import EventLog
+from flywheel.online.gate import Gate
+from flywheel.online.keys import new_key
+from flywheel.online.learner import OnlineLearner
+from flywheel.online.server import ServingState, build_app
+from flywheel.online.simulator import PreferenceSuite, SuggestionTask
+from flywheel.policy.chat import ChatFormat
+from flywheel.policy.model import build_model, load_model
+from flywheel.policy.tokenizer import get_tokenizer, load_tokenizer
+from flywheel.weights.store import WeightStore
+from flywheel.weights.sync import Publisher, Subscriber
+
+log = logging.getLogger(__name__)
+
+
+def db_url_of(cfg: FlywheelConfig) -> str:
+    return cfg.online.serve.db_url or str(Path(cfg.run_dir) / "online.db")
+
+
+def store_url_of(cfg: FlywheelConfig) -> str:
+    return cfg.weights.store or str(Path(cfg.run_dir) / "weights")
+
+
+def load_policy(cfg: FlywheelConfig, model_dir: str | None) -> tuple[Any, Any]:
+    """(model, tokenizer): a saved checkpoint dir (with its tokenizer), or the config's preset."""
+    if model_dir:
+        return load_model(model_dir, cfg.model.dtype), load_tokenizer(model_dir)
+    tok = get_tokenizer(cfg.tokenizer, Path.home() / ".cache" / "flywheel" / "tokenizers")
+    model = build_model(cfg.model, len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return model, tok
+
+
+def ensure_initial(elog: EventLog, store_url: str, model: Any, anchor_every: int) -> None:
+    """Version 0 in the store and deployed, unless a version is deployed already."""
+    store = WeightStore(store_url)
+    if store.latest_version() is None:
+        with Publisher(store, anchor_every=anchor_every) as pub:
+            pub.publish(0, {k: v.detach() for k, v in model.state_dict().items()}).result()
+    if not elog.events(("deploy",)):
+        elog.append_event("deploy", 0, "initial version (the policy `flywheel serve` started with)")
+
+
+def ensure_key(elog: EventLog, cfg: FlywheelConfig, key_file: str | None) -> str | None:
+    """Create the `default` key when the log has none; returns it (shown once) or None."""
+    if elog.keys():
+        return None
+    key, rec = new_key("default", cfg.online.serve.requests_per_min, cfg.online.serve.max_body_bytes)
+    elog.add_key(rec)
+    if key_file:
+        Path(key_file).write_text(key + "\n")
+        Path(key_file).chmod(0o600)
+    return key
+
+
+@dataclass
+class Service:
+    cfg: FlywheelConfig
+    elog: EventLog
+    engine: LocalEngine
+    state: ServingState
+    learner: OnlineLearner | None
+    runner: web.AppRunner | None = None
+    port: int = 0
+    _stop: threading.Event | None = None
+    _threads: tuple[threading.Thread, ...] = ()
+    _tasks: tuple[asyncio.Task, ...] = ()
+
+    @classmethod
+    def build(cls, cfg: FlywheelConfig, model_dir: str | None = None, key_file: str | None = None) -> Service:
+        model, tok = load_policy(cfg, model_dir)
+        elog = EventLog(db_url_of(cfg))
+        store_url = store_url_of(cfg)
+        ensure_initial(elog, store_url, model, cfg.weights.anchor_every)
+        key = ensure_key(elog, cfg, key_file)
+        if key:
+            print(f"flywheel serve: created API key 'default' (stored hashed; shown once): {key}", flush=True)
+        learner_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
+        gate_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
+        engine = build_engine(cfg.inference, model, tok, cfg.numerics.batch_invariant)
+        follower = DeploymentFollower(elog, Subscriber.from_config(store_url, engine, cfg.weights), engine)
+        follower.step()  # serve the deployed version from the first request on (a restart may be at v > 0)
+        state = ServingState(engine, tok, elog, cfg.online.serve, follower)
+        learner = None
+        if learner_model is not None:
+            chat = ChatFormat(tok)
+            gate_engine = build_engine(cfg.inference, gate_model, tok, cfg.numerics.batch_invariant)
+            gate = Gate(cfg.online.gate, PreferenceSuite(SuggestionTask(), chat, tok), gate_engine)
+            learner = OnlineLearner(learner_model, cfg.online, elog, store_url, gate, cfg.trainer,
+                                    anchor_every=cfg.weights.anchor_every)
+        return cls(cfg, elog, engine, state, learner)
+
+    async def start(self, port_file: str | None = None) -> int:
+        await self.engine.start()
+        self.runner = web.AppRunner(build_app(self.state), access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.cfg.online.serve.host, self.cfg.online.serve.port)
+        await site.start()
+        self.port = int(self.runner.addresses[0][1])
+        assert self.state.follower is not None
+        self._tasks = (asyncio.ensure_future(self.state.follower.run(self.cfg.online.serve.deploy_poll_s)),)
+        self._stop = threading.Event()
+        if self.learner is not None:
+            t = threading.Thread(target=self.learner.run, args=(self._stop,), name="online-learner", daemon=True)
+            t.start()
+            self._threads = (t,)
+        if port_file:  # written whole, then renamed: a reader never sees half of it
+            tmp = Path(port_file).with_suffix(".tmp")
+            tmp.write_text(json.dumps({"port": self.port, "host": self.cfg.online.serve.host}))
+            tmp.replace(port_file)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        for t in self._threads:
+            await asyncio.to_thread(t.join)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        await self.engine.stop()
+        if self.learner is not None:
+            self.learner.close()
+        self.elog.close()
