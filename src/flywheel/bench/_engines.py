@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import shutil
 import statistics
 import tempfile
 import time
@@ -155,41 +156,73 @@ def _vllm_part(model, root: Path, reqs, prompts, repeats, res, vllm: dict) -> di
 
         rate, (k3, mx, n) = asyncio.run(serve())
         out.update(vllm_tokens_per_s=rate, vllm_trainer_k3=k3, vllm_trainer_max_abs_dlogp=mx)
+        out.update(_updates(eng, model, root, prompts, updates=5 if repeats <= 2 else 7))
+        res["vllm_update_log"] = eng.update_log
+    finally:
+        eng.close()
+    return out
+
+
+def _updates(eng, model, root: Path, prompts, updates: int) -> dict:
+    """`updates` + 1 versions (the first is a warm-up), each by the delta path and then by a full reload, timed
+    from the trainer's publish until the server has resumed on it (its next engine step uses the new weights);
+    the trainer side on one torch thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared 2-core machine a 2-thread copy waits on OpenMP's barrier (up to 0.7 s)
+    try:
         store = str(root / "weights")
         pub = Publisher(store, anchor_every=1000, num_threads=1)
         pub.publish(0, model.state_dict()).result()
         live = copy.deepcopy(model)
         eng.sync_weights(0, store)  # the worker takes the anchor once; every later version is a delta
-        deltas, fulls, pauses, delta_bytes = [], [], [], []
-        for v in range(1, repeats + 2):
+        rows = []
+        for v in range(1, updates + 2):
             _perturb(live, v)
             t0 = time.perf_counter()
-            pub.publish(v, live.state_dict()).result()
+            published = pub.publish(v, live.state_dict()).result()
+            t1 = time.perf_counter()
             m = eng.sync_weights(v, store)
-            deltas.append(time.perf_counter() - t0)
-            pauses.append(m["pause_ms"])
-            delta_bytes.append(m["bytes_fetched"])
+            delta_s = time.perf_counter() - t0
             assert m["path"] == "delta", m
-            hashes = eng.weight_hashes()
+            hashes = eng.weight_hashes()  # the tensors vLLM keeps as plain parameters, read back live
             manifest = pub.store.read_manifest(v)["tensors"]
             assert hashes and all(manifest[k]["hash"] == h for k, h in hashes.items()), "delta path: hash mismatch"
             after_delta = asyncio.run(_greedy(eng, prompts))
-            t0 = time.perf_counter()
+            t2 = time.perf_counter()
             save_model(live, root / f"v{v}")
-            eng.reload_weights(v, root / f"v{v}")
-            fulls.append(time.perf_counter() - t0)
+            t3 = time.perf_counter()
+            r = eng.reload_weights(v, root / f"v{v}")
+            full_s = time.perf_counter() - t2
+            # packed (oneDNN) weights cannot be read back: the delta path must behave exactly as the reload
             assert asyncio.run(_greedy(eng, prompts)) == after_delta, "delta path differs from a full reload"
             eng.sync_weights(v, store)  # the worker re-reads its anchor route after a reload
+            rows.append({"delta_s": delta_s, "full_s": full_s, "num_hashed_live": len(hashes), "delta": {
+                "publish_ms": (t1 - t0) * 1e3, **{f"publish_{k}": published[k] for k in ("snapshot_ms", "encode_ms",
+                                                                                      "write_ms")},
+                "sync_ms": m["total_ms"], "prepare_ms": m["prepare_ms"], "pause_ms": m["pause_ms"],
+                **{f"worker_{k}": x for k, x in m["worker"].items()}},
+                "full": {"save_ms": (t3 - t2) * 1e3, "pause_ms": r["pause_ms"], "worker_reload_ms": r["worker"]["reload_ms"]},
+                "bytes_delta": m["bytes_fetched"],
+                "bytes_full": sum(f.stat().st_size for f in (root / f"v{v}").glob("*.safetensors"))})
+            shutil.rmtree(root / f"v{v}", ignore_errors=True)
         pub.close()
-        out.update(vllm_update_s_delta=statistics.median(deltas[1:]), vllm_update_s_full=statistics.median(fulls[1:]),
-                   vllm_swap_pause_ms=statistics.median(pauses[1:]), vllm_delta_bit_identical=True,
-                   vllm_update_s_delta_first=deltas[0], vllm_update_s_full_first=fulls[0],
-                   vllm_update_bytes_delta=statistics.median(delta_bytes),
-                   vllm_update_bytes_full=sum(f.stat().st_size for f in (root / "v1").glob("*.safetensors")))
-        res["vllm_update_log"] = eng.update_log
     finally:
-        eng.close()
-    return out
+        torch.set_num_threads(threads)
+    timed = rows[1:]
+
+    def med(part: str) -> dict:
+        return {k: statistics.median(r[part][k] for r in timed) for k in timed[0][part]}
+
+    return {"vllm_update_s_delta": statistics.median(r["delta_s"] for r in timed),
+            "vllm_update_s_full": statistics.median(r["full_s"] for r in timed),
+            "vllm_swap_pause_ms": statistics.median(r["delta"]["pause_ms"] for r in timed),
+            "vllm_delta_bit_identical": True, "vllm_delta_verified": "live sha256 of the plain parameters ("
+            f"{timed[0]['num_hashed_live']} tensors); packed linear weights: greedy tokens and log-probs equal a full reload's",
+            "vllm_update_s_delta_first": rows[0]["delta_s"], "vllm_update_s_full_first": rows[0]["full_s"],
+            "vllm_update_num_timed": len(timed), "vllm_update_delta_stages_ms": med("delta"),
+            "vllm_update_full_stages_ms": med("full"),
+            "vllm_update_bytes_delta": statistics.median(r["bytes_delta"] for r in timed),
+            "vllm_update_bytes_full": statistics.median(r["bytes_full"] for r in timed)}
 
 
 async def _greedy(eng, prompts):

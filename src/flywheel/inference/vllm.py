@@ -278,6 +278,7 @@ class VLLMEngine:
         m = {"version": version, "path": prep[0].get("path"), "prepare_ms": (t1 - t0) * 1e3,
              "pause_ms": (time.perf_counter() - t2) * 1e3, "apply_ms": (t3 - t2) * 1e3,
              "num_changed": applied[0].get("num_changed"), "bytes_fetched": prep[0].get("bytes_fetched"),
+             "worker": {k: v for k, v in {**prep[0], **applied[0]}.items() if k.endswith("_ms")},
              "total_ms": (time.perf_counter() - t0) * 1e3}
         self.update_log.append(m)
         return m
@@ -291,12 +292,13 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self.pause()
         try:
-            self.rpc("flywheel_reload", checkpoint_dir, version)
+            done = self.rpc("flywheel_reload", checkpoint_dir, version)
             self._relabel(version)
         finally:
             self.resume()
         self._version, self._restore = version, ("reload", checkpoint_dir)
         m = {"version": version, "path": "reload", "pause_ms": (time.perf_counter() - t0) * 1e3,
+             "worker": {"reload_ms": done[0].get("reload_ms")},
              "total_ms": (time.perf_counter() - t0) * 1e3}
         self.update_log.append(m)
         return m
