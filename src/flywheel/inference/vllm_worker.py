@@ -140,7 +140,7 @@ def same_bits(live: torch.Tensor, staged: torch.Tensor) -> bool:
     return torch.equal(live.detach().reshape(-1).view(ints), staged.to(live.device).reshape(-1).view(ints))
 
 
-class _NoKernelRepack(RuntimeError):
+class NoKernelRepack(RuntimeError):
     """A changed tensor lives in a kernel layout that this vLLM build gives no way to rebuild layer by layer."""
 
 
@@ -155,15 +155,16 @@ def _kernel_dispatch() -> Any:
 
 
 def place_in_place(model: torch.nn.Module, wmap: WeightMap, tensors: Mapping[str, torch.Tensor],
-                   changed: list[str]) -> list[str]:
+                   changed: list[str], dispatch: Any = None) -> list[str]:
     """Install the `changed` Hugging Face tensors (of the full, verified `tensors`) in the live model, layer by
     layer, without vLLM's reload. Returns the vLLM parameters that were repacked.
 
     Plain parameters get the changed rows copied in place. A CPU build keeps each linear weight only in a
     kernel layout (the parameter left empty) and embeddings in both: the layer whose weight changed is packed
     again by vLLM's own dispatch (`dispatch_cpu_unquantized_gemm`, what vLLM runs after loading), from the
-    fused weight assembled out of the verified tensors. Raises `_NoKernelRepack` before touching anything
-    when a changed tensor lives in a layout it cannot rebuild (the caller falls back to vLLM's reload)."""
+    fused weight assembled out of the verified tensors (`dispatch`: that function; None = vLLM's, imported).
+    Raises `NoKernelRepack` before touching anything when a changed tensor lives in a layout it cannot
+    rebuild (the caller falls back to vLLM's reload)."""
     by_target: dict[str, list[str]] = {}
     for n in changed:
         by_target.setdefault(wmap.slots[n][0], []).append(n)
@@ -180,17 +181,17 @@ def place_in_place(model: torch.nn.Module, wmap: WeightMap, tensors: Mapping[str
             plan += [(target, m, None) for m in users.get(id(wmap.params[target]), [])]
             continue
         if pname != "weight" or not hasattr(module, "cpu_linear"):
-            raise _NoKernelRepack(target)
+            raise NoKernelRepack(target)
         parts = sorted((start, rows, n) for n, (t, start, rows) in wmap.slots.items()
                        if t == target and n != "lm_head.weight")
         if any(n not in tensors for *_, n in parts) or [p[0] for p in parts] != \
                 [sum(p[1] for p in parts[:i]) for i in range(len(parts))]:
-            raise _NoKernelRepack(target)
+            raise NoKernelRepack(target)
         plan.append((target, module, torch.cat([tensors[n] for *_, n in parts]) if len(parts) > 1
                      else tensors[parts[0][2]].clone()))
-    dispatch = _kernel_dispatch()
+    dispatch = dispatch or (_kernel_dispatch() if plan else None)
     if dispatch is None and plan:
-        raise _NoKernelRepack(plan[0][0])
+        raise NoKernelRepack(plan[0][0])
     for target, names in by_target.items():
         if not wmap.repacked_param(target):
             for n in names:
@@ -283,7 +284,7 @@ class FlywheelWorkerExtension:
             try:
                 repacked = place_in_place(self._fw_model(), wmap, staging.tensors, changed)
                 path = "in_place"
-            except _NoKernelRepack:
+            except NoKernelRepack:
                 # a kernel layout this vLLM does not let us rebuild: vLLM's own layer-wise reload places and
                 # repacks every tensor (from host memory: the verified version, no disk)
                 self.model_runner.reload_weights(weights_iterator=iter(list(staging.tensors.items())))
