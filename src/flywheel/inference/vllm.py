@@ -278,6 +278,7 @@ class VLLMEngine:
         m = {"version": version, "path": prep[0].get("path"), "prepare_ms": (t1 - t0) * 1e3,
              "pause_ms": (time.perf_counter() - t2) * 1e3, "apply_ms": (t3 - t2) * 1e3,
              "num_changed": applied[0].get("num_changed"), "bytes_fetched": prep[0].get("bytes_fetched"),
+             "apply_path": applied[0].get("apply_path"),
              "worker": {k: v for k, v in {**prep[0], **applied[0]}.items() if k.endswith("_ms")},
              "total_ms": (time.perf_counter() - t0) * 1e3}
         self.update_log.append(m)
