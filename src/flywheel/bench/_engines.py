@@ -4,18 +4,25 @@
 
 The same seeded requests (greedy, each forced to its output length) go to flywheel's local engine, to a vLLM
 server that flywheel launches (inference.vllm defaults: .venv-vllm, float32) and to HF `generate()` in static
-batches; tokens/s = generated tokens / wall time. Then, on the `tiny` preset trained by nobody (random init):
+batches; tokens/s = generated tokens / wall time. Then, on the `tiny` preset (`--preset small`: 32 M parameters),
+random init:
 
 * `*_trainer_k3`, `*_trainer_max_abs_dlogp`: sampled at temperature 1, the engine's log-probs vs the trainer's
   recomputation (HF forward, float32) of the same tokens on the same weights;
-* `vllm_update_s_delta`: `Publisher.publish` of an RL-like change (5 % of the entries moved) until vLLM serves
-  it through the store (worker extension, verified); `vllm_update_s_full`: the plain path, the checkpoint
-  saved and reloaded whole by vLLM; medians over repeats;
+* `vllm_update_s_delta`: `Publisher.publish` of an RL-like change (5 % of the entries of every tensor moved)
+  until vLLM has resumed on it through the store (worker extension: prepare, pause, in-place apply, resume);
+  `vllm_update_s_full`: the plain path, the checkpoint saved and reloaded whole by vLLM; one timer in this
+  process, the trainer side on one torch thread, medians over 5 updates (7 without --quick) after a warm-up
+  update; `vllm_update_delta_stages_ms` / `vllm_update_full_stages_ms`: the median of each stage (publish's
+  snapshot, encode and writes; the worker's fetch, decode + verify, apply, read-back; the full path's save and
+  reload); `--preset small` for the 32 M-parameter model;
 * `vllm_swap_pause_ms`: how long generation is held during a delta update, from sending `/pause?mode=keep`
   to `/resume` answering (an upper bound of the gap between the last token on the old weights and the first
   on the new, measured on the client);
-* the delta path must give the weights of the full reload: live tensor hashes equal the manifest's and
-  greedy outputs and log-probs after the delta update equal those after the full reload (asserted).
+* the delta path must give the weights of the full reload, at every update: the hashes of the tensors vLLM keeps
+  as plain parameters, read back live, equal the manifest's, and greedy outputs and log-probs (one request at a
+  time) after the delta update equal those after the full reload, which covers the weights a CPU build keeps
+  only packed (asserted).
 """
 
 from __future__ import annotations
@@ -226,6 +233,8 @@ def _updates(eng, model, root: Path, prompts, updates: int) -> dict:
 
 
 async def _greedy(eng, prompts):
-    gens = await asyncio.gather(*(eng.generate(p, SamplingParams(temperature=0.0, max_new_tokens=16),
-                                               extra_params={"min_tokens": 16}) for p in prompts))
+    """Greedy tokens and log-probs, one request at a time: sent together, how vLLM batches them depends on when
+    each arrives, and a float32 batch of another shape may differ in the last bit."""
+    gens = [await eng.generate(p, SamplingParams(temperature=0.0, max_new_tokens=16), extra_params={"min_tokens": 16})
+            for p in prompts]
     return [(g.token_ids, g.logprobs) for g in gens]
