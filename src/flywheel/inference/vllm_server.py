@@ -182,19 +182,20 @@ class VLLMServer:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to the server's process group, SIGKILL after `timeout_s`."""
-        if self.proc is None:
+        proc = self.proc
+        if proc is None:
             return
-        if self.proc.poll() is None:
+        if proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout_s)
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             except ProcessLookupError:
                 pass
         try:  # children left behind by a crashed server (engine core, workers) share the group
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.proc = None
@@ -206,6 +207,7 @@ if __name__ == "__main__":  # pragma: no cover - `python -m flywheel.inference.v
     srv = VLLMServer(InferenceConfig().vllm, sys.argv[1], "vllm-server.log")
     print(srv.start(), flush=True)
     try:
-        srv.proc.wait()
+        if srv.proc is not None:
+            srv.proc.wait()
     finally:
         srv.stop()

@@ -231,11 +231,13 @@ class FlywheelWorkerExtension:
 
     Arguments arrive as strings (vLLM's HTTP `/collective_rpc` passes only strings); results are dicts."""
 
+    model_runner: Any  # vLLM's Worker, which this class is mixed into, provides it
+
     def _fw_state(self) -> dict[str, Any]:
-        state = getattr(self, "_flywheel", None)
+        state: dict[str, Any] | None = getattr(self, "_flywheel", None)
         if state is None:
-            state = self._flywheel = {"subscriber": None, "url": None, "staging": None, "map": None,
-                                      "hashes": {}, "version": None}
+            state = {"subscriber": None, "url": None, "staging": None, "map": None, "hashes": {}, "version": None}
+            self._flywheel = state
         return state
 
     def _fw_model(self) -> torch.nn.Module:

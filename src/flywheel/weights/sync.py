@@ -131,8 +131,8 @@ class Publisher:
 
     def _publish(self, version: int, snap: dict, snapshot_ms: float) -> dict:
         t0 = time.perf_counter()
-        prev = self._prev
-        compatible = prev is not None and set(prev) == set(snap) and all(
+        prev = self._prev or {}
+        compatible = self._prev is not None and set(prev) == set(snap) and all(
             prev[k][1:] == snap[k][1:] for k in snap)
         anchor = (not compatible or self._last_anchor is None
                   or version - self._last_anchor >= self.anchor_every)
