@@ -256,6 +256,7 @@ def test_demo_config_trains_on_ray(cluster, demo_base, tmp_path):
 
 
 @pytest.mark.vllm
+@pytest.mark.timeout(1500)  # two vLLM server starts (1-3 min each on the shared machine) besides the run
 def test_vllm_engines_on_ray_join_and_leave_mid_run(cluster, base, tmp_path):
     """`inference.type = "vllm"` on Ray: each engine actor launches its own vLLM server (from .venv-vllm) and its
     worker extension pulls the weights through the region's relay. A second vLLM engine is added after step 1
