@@ -8,7 +8,8 @@ one of them killed mid-run, lose no group; an engine added mid-run (through the
 CLI's control file, in a second region) joins at the current weights and pulls them through its own relay; a
 killed trainer actor resumes from its checkpoint; so does a sharded trainer group (2 rank actors) with a
 killed rank; engines that start too late give a clear error and are
-stopped; the demo config itself trains on Ray from the demo's base.
+stopped; the demo config itself trains on Ray from the demo's base; vLLM engines (marker `vllm` too) join and
+leave the pool mid-run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 import ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
+
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +253,46 @@ def test_demo_config_trains_on_ray(cluster, demo_base, tmp_path):
     assert max(r["staleness/max"] for r in records) <= cfg.orchestrator.max_staleness
     assert sum(r["rollout/pass_rate"] for r in records) > 0, "the base solved no task in Ray's sandboxes"
     assert (run_dir / "final_model" / "config.json").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1500)  # two vLLM server starts (1-3 min each on the shared machine) besides the run
+def test_vllm_engines_on_ray_join_and_leave_mid_run(cluster, base, tmp_path):
+    """`inference.type = "vllm"` on Ray: each engine actor launches its own vLLM server (from .venv-vllm) and its
+    worker extension pulls the weights through the region's relay. A second vLLM engine is added after step 1
+    and, once it serves, the first is removed (drained): the run finishes its steps on the new one, no group is
+    lost, and the new server joined at the trainer's current version."""
+    from flywheel.orchestrator.ray import PoolControl
+
+    run_dir = tmp_path / "vllm-pool"
+    steps = 4
+    cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--trainer.num_steps", str(steps),
+                            "--inference.type", "vllm", "--inference.vllm.python", str(VLLM_PYTHON),
+                            "--inference.vllm.num_threads", "1"])
+    events: list[tuple[str, int]] = []
+
+    def on_step(record):
+        if record["step"] == 1 and not events:
+            PoolControl.send(run_dir, "add")
+            events.append(("added", record["step"]))
+        elif len(events) == 1:  # hold the loop until the new server answers (a vLLM start takes ~1 min here)
+            try:
+                actor = ray.get_actor(f"flywheel-engine-{run_dir.name}-1")
+            except ValueError:  # the pool has not read the command yet
+                return
+            ray.get(actor.ready.remote(), timeout=600)
+            PoolControl.send(run_dir, "remove", node_id=0)
+            events.append(("removed", record["step"]))
+
+    out = _run(cfg, run_dir, base, on_step)
+    assert out["steps"] == steps and not out["interrupted"] and [e for e, _ in events] == ["added", "removed"]
+    records = _records(run_dir)
+    last = records[-1]
+    assert last["rollout/engines_added"] == 1.0 and last["pool/num_engines"] == 1.0
+    assert last["rollout/lost_groups"] == 0.0
+    status = json.loads((run_dir / "pool" / "status.json").read_text())
+    assert [e["node_id"] for e in status["engines"]] == [1]
+    assert status["engines"][0]["joined_version"] >= 1  # joined at the current weights, pulled via the relay
+    assert max(r["staleness/max"] for r in records) <= cfg.orchestrator.max_staleness
+    for node in (0, 1):  # both engines' rollouts came from a vLLM server each launched
+        assert "==== flywheel" in (run_dir / "cache" / f"vllm-node{node}.log").read_text()

@@ -164,6 +164,7 @@ def test_delta_update_matches_full_reload(setup, engine):
     setup.publish_next(1)
     m = engine.sync_weights(1, setup.store)
     assert m["version"] == 1 and engine.version == 1
+    assert m["apply_path"] == "in_place"  # CPU: the changed layers repacked one by one, no vLLM reload
     manifest = setup.pub.store.read_manifest(1)
     live = engine.weight_hashes()  # the tensors vLLM keeps as plain parameters (CPU: not the packed linears)
     assert len(live) >= 2 * 4 + 2 and live == {n: manifest["tensors"][n]["hash"] for n in live}

@@ -74,3 +74,58 @@ def test_refuses_what_does_not_fit():
     # a packed shard whose earlier siblings the weights do not name cannot be placed
     with pytest.raises(ValueError, match="after"):
         WeightMap(model, {"model.layers.0.self_attn.k_proj.weight": (4, 8)})
+
+
+def _pack(layer, remove_weight):
+    """Stands for vLLM's CPU `dispatch_cpu_unquantized_gemm`: a private packed copy, the weight left empty."""
+    layer.cpu_linear = True
+    layer.packed = layer.weight.detach().clone()
+    if remove_weight:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
+
+
+def _packed_model(ts):
+    model = FakeVLLMQwen3()
+    wmap = WeightMap(model, {n: tuple(t.shape) for n, t in ts.items()})
+    with torch.no_grad():
+        for n, t in ts.items():
+            wmap.view(n).copy_(t)
+    layer = model.model.layers[0]
+    _pack(model.model.embed_tokens, remove_weight=False)  # embeddings keep their weight and a packed copy
+    _pack(layer.self_attn.qkv_proj, remove_weight=True)
+    _pack(layer.mlp.gate_up_proj, remove_weight=True)
+    wmap.refresh(model)
+    return model, wmap
+
+
+def test_changed_layers_are_repacked_from_the_verified_tensors():
+    from flywheel.inference.vllm_worker import place_in_place
+
+    old, new = hf_tensors(0), hf_tensors(1)
+    model, wmap = _packed_model(old)
+    changed = ["model.layers.0.self_attn.k_proj.weight", "model.embed_tokens.weight", "lm_head.weight"]
+    tensors = {**old, **{n: new[n] for n in changed}}
+    with torch.no_grad():
+        repacked = place_in_place(model, wmap, tensors, changed, dispatch=_pack)
+    layer = model.model.layers[0]
+    assert repacked == ["model.layers.0.self_attn.qkv_proj.weight"]  # gate_up did not change: not touched
+    qkv = layer.self_attn.qkv_proj.packed  # q and v unchanged, k new, in vLLM's row order
+    assert torch.equal(qkv, torch.cat([old["model.layers.0.self_attn.q_proj.weight"],
+                                       new["model.layers.0.self_attn.k_proj.weight"],
+                                       old["model.layers.0.self_attn.v_proj.weight"]]))
+    assert wmap.repacked("model.layers.0.self_attn.q_proj.weight")  # the weight is left empty again
+    assert torch.equal(layer.mlp.gate_up_proj.packed, torch.cat([old["model.layers.0.mlp.gate_proj.weight"],
+                                                                 old["model.layers.0.mlp.up_proj.weight"]]))
+    emb = model.model.embed_tokens  # copied in place and its packed copy rebuilt (the tied head multiplies by it)
+    assert torch.equal(emb.weight.data[:50], new["model.embed_tokens.weight"]) and torch.equal(emb.packed, emb.weight)
+
+
+def test_a_layout_without_a_repack_is_refused_before_anything_changes():
+    from flywheel.inference import vllm_worker
+
+    old, new = hf_tensors(0), hf_tensors(1)
+    model, wmap = _packed_model(old)
+    before = model.model.embed_tokens.weight.detach().clone()
+    with pytest.raises(vllm_worker.NoKernelRepack):  # no vLLM here: its dispatch cannot be imported
+        vllm_worker.place_in_place(model, wmap, new, list(new))
+    assert torch.equal(model.model.embed_tokens.weight, before)

@@ -4,24 +4,32 @@
 
 The same seeded requests (greedy, each forced to its output length) go to flywheel's local engine, to a vLLM
 server that flywheel launches (inference.vllm defaults: .venv-vllm, float32) and to HF `generate()` in static
-batches; tokens/s = generated tokens / wall time. Then, on the `tiny` preset trained by nobody (random init):
+batches; tokens/s = generated tokens / wall time. Then, on the `tiny` preset (`--preset small`: 32 M parameters),
+random init:
 
 * `*_trainer_k3`, `*_trainer_max_abs_dlogp`: sampled at temperature 1, the engine's log-probs vs the trainer's
   recomputation (HF forward, float32) of the same tokens on the same weights;
-* `vllm_update_s_delta`: `Publisher.publish` of an RL-like change (5 % of the entries moved) until vLLM serves
-  it through the store (worker extension, verified); `vllm_update_s_full`: the plain path, the checkpoint
-  saved and reloaded whole by vLLM; medians over repeats;
+* `vllm_update_s_delta`: `Publisher.publish` of an RL-like change (5 % of the entries of every tensor moved)
+  until vLLM has resumed on it through the store (worker extension: prepare, pause, in-place apply, resume);
+  `vllm_update_s_full`: the plain path, the checkpoint saved and reloaded whole by vLLM; one timer in this
+  process, the trainer side on one torch thread, medians over 5 updates (7 without --quick) after a warm-up
+  update; `vllm_update_delta_stages_ms` / `vllm_update_full_stages_ms`: the median of each stage (publish's
+  snapshot, encode and writes; the worker's fetch, decode + verify, apply, read-back; the full path's save and
+  reload); `--preset small` for the 32 M-parameter model;
 * `vllm_swap_pause_ms`: how long generation is held during a delta update, from sending `/pause?mode=keep`
   to `/resume` answering (an upper bound of the gap between the last token on the old weights and the first
   on the new, measured on the client);
-* the delta path must give the weights of the full reload: live tensor hashes equal the manifest's and
-  greedy outputs and log-probs after the delta update equal those after the full reload (asserted).
+* the delta path must give the weights of the full reload, at every update: the hashes of the tensors vLLM keeps
+  as plain parameters, read back live, equal the manifest's, and greedy outputs and log-probs (one request at a
+  time) after the delta update equal those after the full reload, which covers the weights a CPU build keeps
+  only packed (asserted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import shutil
 import statistics
 import tempfile
 import time
@@ -155,44 +163,78 @@ def _vllm_part(model, root: Path, reqs, prompts, repeats, res, vllm: dict) -> di
 
         rate, (k3, mx, n) = asyncio.run(serve())
         out.update(vllm_tokens_per_s=rate, vllm_trainer_k3=k3, vllm_trainer_max_abs_dlogp=mx)
-        store = str(root / "weights")
-        pub = Publisher(store, anchor_every=1000, num_threads=1)
-        pub.publish(0, model.state_dict()).result()
-        live = copy.deepcopy(model)
-        eng.sync_weights(0, store)  # the worker takes the anchor once; every later version is a delta
-        deltas, fulls, pauses, delta_bytes = [], [], [], []
-        for v in range(1, repeats + 2):
-            _perturb(live, v)
-            t0 = time.perf_counter()
-            pub.publish(v, live.state_dict()).result()
-            m = eng.sync_weights(v, store)
-            deltas.append(time.perf_counter() - t0)
-            pauses.append(m["pause_ms"])
-            delta_bytes.append(m["bytes_fetched"])
-            assert m["path"] == "delta", m
-            hashes = eng.weight_hashes()
-            manifest = pub.store.read_manifest(v)["tensors"]
-            assert hashes and all(manifest[k]["hash"] == h for k, h in hashes.items()), "delta path: hash mismatch"
-            after_delta = asyncio.run(_greedy(eng, prompts))
-            t0 = time.perf_counter()
-            save_model(live, root / f"v{v}")
-            eng.reload_weights(v, root / f"v{v}")
-            fulls.append(time.perf_counter() - t0)
-            assert asyncio.run(_greedy(eng, prompts)) == after_delta, "delta path differs from a full reload"
-            eng.sync_weights(v, store)  # the worker re-reads its anchor route after a reload
-        pub.close()
-        out.update(vllm_update_s_delta=statistics.median(deltas[1:]), vllm_update_s_full=statistics.median(fulls[1:]),
-                   vllm_swap_pause_ms=statistics.median(pauses[1:]), vllm_delta_bit_identical=True,
-                   vllm_update_s_delta_first=deltas[0], vllm_update_s_full_first=fulls[0],
-                   vllm_update_bytes_delta=statistics.median(delta_bytes),
-                   vllm_update_bytes_full=sum(f.stat().st_size for f in (root / "v1").glob("*.safetensors")))
+        out.update(_updates(eng, model, root, prompts, updates=5 if repeats <= 2 else 7))
         res["vllm_update_log"] = eng.update_log
     finally:
         eng.close()
     return out
 
 
+def _updates(eng, model, root: Path, prompts, updates: int) -> dict:
+    """`updates` + 1 versions (the first is a warm-up), each by the delta path and then by a full reload, timed
+    from the trainer's publish until the server has resumed on it (its next engine step uses the new weights);
+    the trainer side on one torch thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared 2-core machine a 2-thread copy waits on OpenMP's barrier (up to 0.7 s)
+    try:
+        store = str(root / "weights")
+        pub = Publisher(store, anchor_every=1000, num_threads=1)
+        pub.publish(0, model.state_dict()).result()
+        live = copy.deepcopy(model)
+        eng.sync_weights(0, store)  # the worker takes the anchor once; every later version is a delta
+        rows = []
+        for v in range(1, updates + 2):
+            _perturb(live, v)
+            t0 = time.perf_counter()
+            published = pub.publish(v, live.state_dict()).result()
+            t1 = time.perf_counter()
+            m = eng.sync_weights(v, store)
+            delta_s = time.perf_counter() - t0
+            assert m["path"] == "delta", m
+            hashes = eng.weight_hashes()  # the tensors vLLM keeps as plain parameters, read back live
+            manifest = pub.store.read_manifest(v)["tensors"]
+            assert hashes and all(manifest[k]["hash"] == h for k, h in hashes.items()), "delta path: hash mismatch"
+            after_delta = asyncio.run(_greedy(eng, prompts))
+            t2 = time.perf_counter()
+            save_model(live, root / f"v{v}")
+            t3 = time.perf_counter()
+            r = eng.reload_weights(v, root / f"v{v}")
+            full_s = time.perf_counter() - t2
+            # packed (oneDNN) weights cannot be read back: the delta path must behave exactly as the reload
+            assert asyncio.run(_greedy(eng, prompts)) == after_delta, "delta path differs from a full reload"
+            eng.sync_weights(v, store)  # the worker re-reads its anchor route after a reload
+            rows.append({"delta_s": delta_s, "full_s": full_s, "num_hashed_live": len(hashes), "delta": {
+                "publish_ms": (t1 - t0) * 1e3, **{f"publish_{k}": published[k] for k in ("snapshot_ms", "encode_ms",
+                                                                                      "write_ms")},
+                "sync_ms": m["total_ms"], "prepare_ms": m["prepare_ms"], "pause_ms": m["pause_ms"],
+                **{f"worker_{k}": x for k, x in m["worker"].items()}},
+                "full": {"save_ms": (t3 - t2) * 1e3, "pause_ms": r["pause_ms"], "worker_reload_ms": r["worker"]["reload_ms"]},
+                "bytes_delta": m["bytes_fetched"],
+                "bytes_full": sum(f.stat().st_size for f in (root / f"v{v}").glob("*.safetensors"))})
+            shutil.rmtree(root / f"v{v}", ignore_errors=True)
+        pub.close()
+    finally:
+        torch.set_num_threads(threads)
+    timed = rows[1:]
+
+    def med(part: str) -> dict:
+        return {k: statistics.median(r[part][k] for r in timed) for k in timed[0][part]}
+
+    return {"vllm_update_s_delta": statistics.median(r["delta_s"] for r in timed),
+            "vllm_update_s_full": statistics.median(r["full_s"] for r in timed),
+            "vllm_swap_pause_ms": statistics.median(r["delta"]["pause_ms"] for r in timed),
+            "vllm_delta_bit_identical": True, "vllm_delta_verified": "live sha256 of the plain parameters ("
+            f"{timed[0]['num_hashed_live']} tensors); packed linear weights: greedy tokens and log-probs equal a full reload's",
+            "vllm_update_s_delta_first": rows[0]["delta_s"], "vllm_update_s_full_first": rows[0]["full_s"],
+            "vllm_update_num_timed": len(timed), "vllm_update_delta_stages_ms": med("delta"),
+            "vllm_update_full_stages_ms": med("full"),
+            "vllm_update_bytes_delta": statistics.median(r["bytes_delta"] for r in timed),
+            "vllm_update_bytes_full": statistics.median(r["bytes_full"] for r in timed)}
+
+
 async def _greedy(eng, prompts):
-    gens = await asyncio.gather(*(eng.generate(p, SamplingParams(temperature=0.0, max_new_tokens=16),
-                                               extra_params={"min_tokens": 16}) for p in prompts))
+    """Greedy tokens and log-probs, one request at a time: sent together, how vLLM batches them depends on when
+    each arrives, and a float32 batch of another shape may differ in the last bit."""
+    gens = [await eng.generate(p, SamplingParams(temperature=0.0, max_new_tokens=16), extra_params={"min_tokens": 16})
+            for p in prompts]
     return [(g.token_ids, g.logprobs) for g in gens]

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     p.add_argument("--engines", default=None, metavar="E,E,...", help="engine: compare local, vllm and hf on one "
                    "agent workload, with vLLM's weight-update figures (flywheel/bench/_engines.py)")
+    p.add_argument("--preset", default=None, choices=["tiny", "small"], help="engine --engines: the model preset "
+                   "(default tiny; small = 32M parameters)")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
     p.add_argument("--base", default=None, help="pipeline: a mid-trained model directory (with its tokenizer) to "
                    "start both runs from, instead of mid-training one (e.g. runs/demo/base_model)")

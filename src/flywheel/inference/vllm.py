@@ -35,7 +35,7 @@ import time
 import urllib.error
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import numpy as np
@@ -45,7 +45,7 @@ from flywheel.types import Generation, SamplingParams
 from flywheel.weights.store import StoreError
 from flywheel.weights.sync import Subscriber, open_source
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
+_FINISH: dict[str, Literal["stop", "length", "aborted"]] = {"stop": "stop", "length": "length", "abort": "aborted"}
 
 
 class VLLMError(RuntimeError):
@@ -64,7 +64,7 @@ class VLLMEngine:
             raise ValueError("a launched vLLM server needs the policy's checkpoint directory (model.path), or set "
                              "inference.vllm.url to attach to a running server")
         self.server = (None if self.vcfg.url else
-                       VLLMServer(self.vcfg, self.model_dir, Path(log_dir) / f"{name}.log", max_num_seqs=cfg.max_batch_size,
+                       VLLMServer(self.vcfg, str(model_dir), Path(log_dir) / f"{name}.log", max_num_seqs=cfg.max_batch_size,
                                   max_model_len=max_seq_len, tokenizer_dir=tokenizer_dir))
         self.url = self.vcfg.url.rstrip("/")
         self.max_model_len = max_seq_len
@@ -99,14 +99,14 @@ class VLLMEngine:
             raise ValueError(f"the vLLM server at {self.url} serves {sorted(served)}, not "
                              f"inference.vllm.served_model_name='{self.vcfg.served_model_name}': set that key to the "
                              f"served name or attach to the server of the policy")
-        self.max_model_len = int(served[self.vcfg.served_model_name].get("max_model_len") or self.max_model_len or 0)
+        self.max_model_len = int(served[self.vcfg.served_model_name].get("max_model_len") or 0) or self.max_model_len
         try:
             http_json("GET", self.url + "/is_paused", timeout_s=30)
         except urllib.error.HTTPError as err:
             raise ValueError(f"the vLLM server at {self.url} lacks the RL endpoints ({err}); start it with "
                              f"VLLM_SERVER_DEV_MODE=1 and the flags of docs/inference.md") from None
         label = http_json("GET", self.url + "/weight_info").get("weight_version")
-        if self.vcfg.url and str(label).isdigit() and int(label) != self._version:
+        if self.vcfg.url and str(label).isdigit() and int(str(label)) != self._version:
             raise ValueError(f"the vLLM server at {self.url} serves weights version {label}, this engine starts "
                              f"at version {self._version}: restart the server from the policy's checkpoint")
         self._relabel(self._version)
@@ -242,7 +242,7 @@ class VLLMEngine:
         except urllib.error.HTTPError as err:
             raise VLLMError(f"vLLM {path} answered {err.code}: {err.read()[:1000].decode(errors='replace')}") from None
 
-    def rpc(self, method: str, *args: str) -> list:
+    def rpc(self, method: str, *args: str | int) -> list:
         """Call a worker-extension method on every vLLM worker; returns their results."""
         return self._post("/collective_rpc", {"method": method, "args": [str(a) for a in args]})["results"]
 
@@ -278,6 +278,8 @@ class VLLMEngine:
         m = {"version": version, "path": prep[0].get("path"), "prepare_ms": (t1 - t0) * 1e3,
              "pause_ms": (time.perf_counter() - t2) * 1e3, "apply_ms": (t3 - t2) * 1e3,
              "num_changed": applied[0].get("num_changed"), "bytes_fetched": prep[0].get("bytes_fetched"),
+             "apply_path": applied[0].get("apply_path"),
+             "worker": {k: v for k, v in {**prep[0], **applied[0]}.items() if k.endswith("_ms")},
              "total_ms": (time.perf_counter() - t0) * 1e3}
         self.update_log.append(m)
         return m
@@ -291,12 +293,13 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self.pause()
         try:
-            self.rpc("flywheel_reload", checkpoint_dir, version)
+            done = self.rpc("flywheel_reload", checkpoint_dir, version)
             self._relabel(version)
         finally:
             self.resume()
         self._version, self._restore = version, ("reload", checkpoint_dir)
         m = {"version": version, "path": "reload", "pause_ms": (time.perf_counter() - t0) * 1e3,
+             "worker": {"reload_ms": done[0].get("reload_ms")},
              "total_ms": (time.perf_counter() - t0) * 1e3}
         self.update_log.append(m)
         return m
@@ -347,6 +350,7 @@ class StoreSync:
         self.mode = weight_sync
         self.metrics: list[dict] = []
         self.last_error: Exception | None = None
+        self.inner: Subscriber | None
         if weight_sync == "reload":
             self.inner = (Subscriber.from_config(source, engine, weights_cfg) if weights_cfg is not None
                           else Subscriber(source, engine))

@@ -125,6 +125,8 @@ class VLLMServer:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         if self.cfg.num_threads:
             env["OMP_NUM_THREADS"] = str(self.cfg.num_threads)
+        if "--enable-return-routed-experts" in self.cfg.extra_args:  # vLLM returns routing from its V2 runner only
+            env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
         env.pop("VIRTUAL_ENV", None)
         return env
 
@@ -145,6 +147,11 @@ class VLLMServer:
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "Model Runner V2 requires Triton" in self.log_tail(200):
+                    raise ValueError("this vLLM build cannot return routed experts: --enable-return-routed-experts "
+                                     "needs vLLM's V2 model runner, which needs Triton with a backend for the device "
+                                     "(vllm-cpu has none); drop it from inference.vllm.extra_args (MoE routing is "
+                                     f"then not recorded) or serve on GPUs. Log: {self.log_path}")
                 raise RuntimeError(f"the vLLM server exited with code {self.proc.returncode} while starting; its log "
                                    f"({self.log_path}) ends with:\n{self.log_tail()}")
             try:
@@ -175,19 +182,20 @@ class VLLMServer:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to the server's process group, SIGKILL after `timeout_s`."""
-        if self.proc is None:
+        proc = self.proc
+        if proc is None:
             return
-        if self.proc.poll() is None:
+        if proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout_s)
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             except ProcessLookupError:
                 pass
         try:  # children left behind by a crashed server (engine core, workers) share the group
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.proc = None

@@ -16,12 +16,15 @@ work is split so that the generation pause holds only the copy:
 * `flywheel_prepare` fetches and decodes the version into host memory and checks every tensor's sha256
   against the manifest, while vLLM keeps generating. A version whose names, shapes or dtypes do not fit the
   served model is refused here, and nothing is touched.
-* `flywheel_apply` (between `/pause?mode=keep` and `/resume`) copies the tensors whose hash changed into the
-  live parameters in place, then reads every one of them back out of the live parameter and checks its sha256
-  again, so the check covers vLLM's layout too. On a mismatch the old values are copied back and the apply
-  is refused. CPU builds keep linear weights only in a packed oneDNN layout (an empty parameter is left):
-  there the verified version goes through vLLM's own layer-wise in-place reload from host memory, and the
-  read-back covers the tensors kept as plain parameters (embeddings, norms).
+* `flywheel_apply` (between `/pause?mode=keep` and `/resume`) installs the tensors whose hash changed, layer by
+  layer and in place (`place_in_place`): plain parameters get their rows copied; a CPU build keeps linear
+  weights only in a packed oneDNN/SGL layout (an empty parameter is left) and embeddings in both, so each
+  changed layer is packed again by vLLM's own dispatch from the verified tensors (no vLLM reload, no disk).
+  Then every changed tensor kept as a plain parameter is read back and compared bit for bit with the staged
+  tensor whose sha256 was checked (equal bits, so the manifest's hash); on a mismatch the old values are
+  copied back and the apply is refused. Packed weights cannot be read back: that they behave as a full
+  reload's is what the tests and the bench assert (same greedy tokens and log-probs). A layout this vLLM
+  build gives no way to rebuild goes through vLLM's layer-wise reload from host memory instead.
 
 vLLM fuses parameters: `q_proj`/`k_proj`/`v_proj` live as row blocks of `qkv_proj`, `gate_proj`/`up_proj` of
 `gate_up_proj` (the model's `packed_modules_mapping`, in order), embeddings may be padded to a multiple of 64
@@ -94,6 +97,14 @@ class WeightMap:
         target, start, rows = self.slots[name]
         return self.params[target].data[start:start + rows]
 
+    def refresh(self, model: torch.nn.Module) -> None:
+        """Re-read the parameter objects (a reload or a repack replaces some)."""
+        self.params = dict(model.named_parameters())
+
+    def repacked_param(self, target: str) -> bool:
+        """True when vLLM parameter `target` is empty because its values live in a kernel layout."""
+        return self.params[target].numel() == 0
+
     def repacked(self, name: str) -> bool:
         """True when vLLM keeps this tensor only in a kernel layout (CPU builds pack linear weights for oneDNN
         and leave an empty parameter): it cannot be copied into or read back in place."""
@@ -121,6 +132,83 @@ def live_hash(view: torch.Tensor, entry: dict | None = None, manifest_format: in
     return bits_hash(bits) if entry is None else manifest_hash(bits, entry, manifest_format)
 
 
+def same_bits(live: torch.Tensor, staged: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN payloads and -0.0 included): the raw bytes compared as integers."""
+    if tuple(live.shape) != tuple(staged.shape) or live.dtype != staged.dtype:
+        return False
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[live.element_size()]
+    return torch.equal(live.detach().reshape(-1).view(ints), staged.to(live.device).reshape(-1).view(ints))
+
+
+class NoKernelRepack(RuntimeError):
+    """A changed tensor lives in a kernel layout that this vLLM build gives no way to rebuild layer by layer."""
+
+
+def _kernel_dispatch() -> Any:
+    """vLLM's CPU GEMM dispatch (packs a linear layer's weight for oneDNN / SGL), or None on other builds.
+    Imported here: this module is imported without vLLM too (the unit tests of `WeightMap`)."""
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    except ImportError:
+        return None
+    return dispatch_cpu_unquantized_gemm
+
+
+def place_in_place(model: torch.nn.Module, wmap: WeightMap, tensors: Mapping[str, torch.Tensor],
+                   changed: list[str], dispatch: Any = None) -> list[str]:
+    """Install the `changed` Hugging Face tensors (of the full, verified `tensors`) in the live model, layer by
+    layer, without vLLM's reload. Returns the vLLM parameters that were repacked.
+
+    Plain parameters get the changed rows copied in place. A CPU build keeps each linear weight only in a
+    kernel layout (the parameter left empty) and embeddings in both: the layer whose weight changed is packed
+    again by vLLM's own dispatch (`dispatch_cpu_unquantized_gemm`, what vLLM runs after loading), from the
+    fused weight assembled out of the verified tensors (`dispatch`: that function; None = vLLM's, imported).
+    Raises `NoKernelRepack` before touching anything when a changed tensor lives in a layout it cannot
+    rebuild (the caller falls back to vLLM's reload)."""
+    by_target: dict[str, list[str]] = {}
+    for n in changed:
+        by_target.setdefault(wmap.slots[n][0], []).append(n)
+    users: dict[int, list[torch.nn.Module]] = {}  # parameter id -> modules that packed it (tied heads too)
+    for m in model.modules():
+        w = m._parameters.get("weight") if hasattr(m, "cpu_linear") else None
+        if w is not None and w.numel():
+            users.setdefault(id(w), []).append(m)
+    plan: list[tuple[str, torch.nn.Module, torch.Tensor | None]] = []
+    for target in by_target:
+        module_name, _, pname = target.rpartition(".")
+        module = model.get_submodule(module_name)
+        if not wmap.repacked_param(target):
+            plan += [(target, m, None) for m in users.get(id(wmap.params[target]), [])]
+            continue
+        if pname != "weight" or not hasattr(module, "cpu_linear"):
+            raise NoKernelRepack(target)
+        parts = sorted((start, rows, n) for n, (t, start, rows) in wmap.slots.items()
+                       if t == target and n != "lm_head.weight")
+        if any(n not in tensors for *_, n in parts) or [p[0] for p in parts] != \
+                [sum(p[1] for p in parts[:i]) for i in range(len(parts))]:
+            raise NoKernelRepack(target)
+        plan.append((target, module, torch.cat([tensors[n] for *_, n in parts]) if len(parts) > 1
+                     else tensors[parts[0][2]].clone()))
+    dispatch = dispatch or (_kernel_dispatch() if plan else None)
+    if dispatch is None and plan:
+        raise NoKernelRepack(plan[0][0])
+    for target, names in by_target.items():
+        if not wmap.repacked_param(target):
+            for n in names:
+                v = wmap.view(n)
+                v.copy_(tensors[n].to(v.device))
+    repacked = []
+    for target, module, full in plan:
+        if full is None:
+            dispatch(module, remove_weight=False)  # the weight stays; its packed copy is rebuilt
+        else:
+            module.weight = torch.nn.Parameter(full, requires_grad=False)
+            dispatch(module, remove_weight=True)
+            wmap.params[target] = module.weight
+            repacked.append(target)
+    return repacked
+
+
 class _Staging:
     """The Subscriber's engine while preparing: validates and keeps the verified tensors, touches nothing."""
 
@@ -128,6 +216,7 @@ class _Staging:
         self.ext = ext
         self.version: int | None = None
         self.tensors: dict[str, torch.Tensor] = {}
+        self.manifest: dict = {}
 
     def update_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> float:
         wmap = self.ext.flywheel_map({k: tuple(t.shape) for k, t in tensors.items()})
@@ -142,11 +231,13 @@ class FlywheelWorkerExtension:
 
     Arguments arrive as strings (vLLM's HTTP `/collective_rpc` passes only strings); results are dicts."""
 
+    model_runner: Any  # vLLM's Worker, which this class is mixed into, provides it
+
     def _fw_state(self) -> dict[str, Any]:
-        state = getattr(self, "_flywheel", None)
+        state: dict[str, Any] | None = getattr(self, "_flywheel", None)
         if state is None:
-            state = self._flywheel = {"subscriber": None, "url": None, "staging": None, "map": None,
-                                      "hashes": {}, "version": None}
+            state = {"subscriber": None, "url": None, "staging": None, "map": None, "hashes": {}, "version": None}
+            self._flywheel = state
         return state
 
     def _fw_model(self) -> torch.nn.Module:
@@ -170,9 +261,12 @@ class FlywheelWorkerExtension:
         sub.poll()
         if sub.version is None or sub.version < int(version) or staging.version != sub.version:
             raise ValueError(f"weights v{version} could not be prepared from '{store_url}': {sub.last_error}")
+        if staging.manifest.get("version") != staging.version:
+            staging.manifest = sub.source.read_manifest(staging.version)
         m = dict(sub.metrics[-1]) if sub.metrics else {}
         return {"version": staging.version, "path": m.get("path"), "bytes_fetched": m.get("bytes_fetched"),
-                "num_tensors": len(staging.tensors), "prepare_ms": (time.perf_counter() - t0) * 1e3}
+                "num_tensors": len(staging.tensors), "fetch_ms": m.get("fetch_ms"), "decode_verify_ms": m.get("apply_ms"),
+                "prepare_ms": (time.perf_counter() - t0) * 1e3}
 
     def flywheel_apply(self, version: str) -> dict:
         """Copy the prepared version into the live parameters, read it back and verify every hash."""
@@ -182,38 +276,41 @@ class FlywheelWorkerExtension:
         if staging is None or staging.version != int(version):
             have = None if staging is None else staging.version
             raise ValueError(f"weights v{version} were not prepared (prepared: v{have}); call flywheel_prepare first")
-        sub, wmap = st["subscriber"], st["map"]
-        manifest = sub.source.read_manifest(int(version))
+        wmap = st["map"]
+        manifest = staging.manifest
         want = {name: t["hash"] for name, t in manifest["tensors"].items()}
         changed = [n for n in staging.tensors if st["hashes"].get(n) != want[n]]
-        repacked = [n for n in staging.tensors if wmap.repacked(n)]
-        backup = {n: wmap.view(n).clone() for n in changed if not wmap.repacked(n)}
+        targets = sorted({wmap.slots[n][0] for n in changed})
+        backup = {t: wmap.params[t].data.clone() for t in targets if not wmap.repacked_param(t)}
         with torch.no_grad():
-            if repacked and changed:
-                # Kernel layouts (CPU builds): vLLM's own layer-wise reload places and repacks every tensor
-                # (from host memory: the verified version, no disk). Tensors vLLM keeps as plain parameters
-                # are read back and checked below like on the in-place path.
+            try:
+                repacked = place_in_place(self._fw_model(), wmap, staging.tensors, changed)
+                path = "in_place"
+            except NoKernelRepack:
+                # a kernel layout this vLLM does not let us rebuild: vLLM's own layer-wise reload places and
+                # repacks every tensor (from host memory: the verified version, no disk)
                 self.model_runner.reload_weights(weights_iterator=iter(list(staging.tensors.items())))
-            else:
-                for n in changed:
-                    wmap.view(n).copy_(staging.tensors[n].to(wmap.view(n).device))
+                wmap.refresh(self._fw_model())
+                repacked, path = sorted({wmap.slots[n][0] for n in staging.tensors if wmap.repacked(n)}), "reload"
         copy_ms = (time.perf_counter() - t0) * 1e3
-        fmt = int(manifest.get("format", 1))
-        bad = [n for n in want
-               if not wmap.repacked(n) and live_hash(wmap.view(n), manifest["tensors"][n], fmt) != want[n]]
+        t1 = time.perf_counter()
+        # read-back: every live tensor vLLM keeps as a plain parameter must equal, bit for bit, the staged tensor
+        # whose hash was checked against the manifest in flywheel_prepare (so its hash is the manifest's)
+        bad = [n for n in changed if not wmap.repacked(n) and not same_bits(wmap.view(n), staging.tensors[n])]
         if bad:
             with torch.no_grad():
-                for n, old in backup.items():
-                    wmap.view(n).copy_(old)
+                for t, old in backup.items():
+                    wmap.params[t].data.copy_(old)
             st["subscriber"], st["staging"], st["hashes"] = None, None, {}  # start over from an anchor
-            restored = "the previous weights were restored" if not (repacked and changed) else \
+            restored = "the previous weights were restored" if not repacked else \
                 "the repacked weights hold the new version: reload the server's checkpoint"
-            raise ValueError(f"weights v{version}: {len(bad)} live tensors fail their sha256 after the copy "
-                             f"({bad[:3]}); {restored}")
+            raise ValueError(f"weights v{version}: {len(bad)} live tensors differ from the verified ones after the "
+                             f"copy ({bad[:3]}); {restored}")
         st["hashes"], st["version"], st["manifest"] = want, int(version), manifest
         staging.tensors = {}
-        return {"version": int(version), "num_changed": len(changed), "num_repacked": len(repacked),
-                "num_verified_live": len(want) - len(repacked), "copy_ms": copy_ms,
+        return {"version": int(version), "apply_path": path, "num_changed": len(changed),
+                "num_repacked": len(repacked), "num_verified_live": len([n for n in changed if not wmap.repacked(n)]),
+                "copy_ms": copy_ms, "verify_ms": (time.perf_counter() - t1) * 1e3,
                 "apply_ms": (time.perf_counter() - t0) * 1e3}
 
     def flywheel_hashes(self, names: str = "") -> dict:
@@ -234,6 +331,7 @@ class FlywheelWorkerExtension:
         self.model_runner.reload_weights(weights_path=path)
         st = self._fw_state()
         st["subscriber"], st["staging"], st["hashes"], st["version"] = None, None, {}, int(version)
+        st["map"] = None  # the reload may have replaced parameter objects
         return {"version": int(version), "reload_ms": (time.perf_counter() - t0) * 1e3}
 
 

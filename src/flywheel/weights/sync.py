@@ -94,6 +94,9 @@ class Publisher:
         self.metrics: list[dict] = []
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
         self._pool = ThreadPoolExecutor(_threads(num_threads), thread_name_prefix="weights-encode")
+        # chunk writes wait on the disk (each is fsynced), not on a CPU: more in flight than cores, so the
+        # file system commits them together (50 small fsynced files: ~150 ms one by one, ~30 ms 8 at a time)
+        self._io = ThreadPoolExecutor(max(8, _threads(num_threads)), thread_name_prefix="weights-write")
         self._slots = threading.Semaphore(max_pending)
         self._pending: list[Future] = []
         self._last_requested: int | None = None
@@ -163,7 +166,7 @@ class Publisher:
             tensors[name] = entry
         encode_ms = (time.perf_counter() - t0) * 1e3
         t1 = time.perf_counter()
-        list(self._pool.map(self.store.put_chunk, blobs))
+        list(self._io.map(self.store.put_chunk, blobs))
         manifest = {"format": MANIFEST_FORMAT, "version": version, "anchor": anchor,
                     "base": self._prev_version if compatible else None, "created_s": time.time(),
                     "raw_bytes": raw_bytes, "full_bytes": full_bytes, "delta_bytes": delta_bytes,
@@ -198,6 +201,7 @@ class Publisher:
         finally:
             self._worker.shutdown(wait=True)
             self._pool.shutdown(wait=True)
+            self._io.shutdown(wait=True)
 
     def __enter__(self) -> Publisher:
         return self
