@@ -72,11 +72,14 @@ class CodingEnv:
     def reset(self, task: Task) -> list[Message]:
         from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
         from flywheel.tasks.loaders import task_base_dir
+        from flywheel.tasks.repoenv import ready_env
 
         self.close()
         base = task_base_dir(task, self.cache_dir)
         self.base = base
-        self.sandbox = create_sandbox(base, SandboxLimits.from_config(self.cfg), kind=self.sandbox_kind)
+        env_dir = ready_env(task.python_env, self.cfg.python_envs_dir) if task.python_env is not None else None
+        self.sandbox = create_sandbox(base, SandboxLimits.from_config(self.cfg), kind=self.sandbox_kind,
+                                      python_env=env_dir)
         self.task, self.done, self.reward = task, False, None
         self.harness = Harness(self.sandbox, self.cfg, task)
         return [Message("system", system_prompt(self.cfg)), Message("user", task.problem)]

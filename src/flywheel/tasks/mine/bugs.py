@@ -1,0 +1,142 @@
+"""Bugs injected into real functions: AST mutations spliced into the original text, and blanked bodies.
+
+    for bug in candidate_bugs("toolz/itertoolz.py", text, random.Random(0)):
+        bug.kind, bug.function, bug.new_text          # the whole file with the bug in it
+
+Why splice instead of `ast.unparse` of the file: the bugged file must differ from the original only where the bug
+is, or the diff an agent sees (and the reference fix) would reformat the whole module. A mutation (the synthetic
+generator's kinds, tasks/synth/mutations.py: operator, off-by-one, constant, swapped arguments) changes one
+expression; its source span is replaced by the unparsed mutant (parenthesised only when the tree would otherwise
+differ), and the result is re-parsed and compared with the mutated tree, so a splice that would mean something else
+is dropped. `blank_body` keeps a function's signature and docstring and replaces the rest by
+`raise NotImplementedError` (SWE-smith's "remove the body" strategy: the tests say what to write back).
+Only functions of at least `MIN_BODY_LINES` lines in non-test modules are used.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from dataclasses import dataclass
+
+from flywheel.tasks.loaders import is_test_path
+from flywheel.tasks.synth.mutations import mutate, mutation_sites
+
+KINDS = ("operator", "off_by_one", "constant", "swap_args", "blank_body")
+MIN_BODY_LINES = 2
+
+
+@dataclass
+class Bug:
+    path: str
+    function: str  # qualified name, e.g. `Inflector.camelize`
+    kind: str
+    line: int  # 1-based line of the change in the original
+    old_text: str
+    new_text: str
+
+
+def functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(qualified name, node) of every function and method, nested classes included."""
+    out: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((prefix + node.name, node))
+                visit(node.body, prefix + node.name + ".")
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, prefix + node.name + ".")
+
+    visit(tree.body, "")
+    return out
+
+
+def is_source_module(path: str) -> bool:
+    """A module of the library itself: Python, not a test, not packaging or docs."""
+    parts = path.split("/")
+    return (path.endswith(".py") and not is_test_path(path) and parts[-1] not in ("setup.py", "conftest.py")
+            and not any(p in ("tests", "test", "testing", "docs", "doc", "examples", "benchmarks") for p in parts[:-1]))
+
+
+def _offsets(text: str) -> list[int]:
+    out, pos = [0], 0
+    for line in text.splitlines(keepends=True):
+        pos += len(line)
+        out.append(pos)
+    return out
+
+
+def _splice(text: str, offs: list[int], node: ast.AST, replacement: str) -> str:
+    start = offs[node.lineno - 1] + len(text[offs[node.lineno - 1]:].encode()[:node.col_offset].decode(errors="ignore"))
+    end_line = offs[node.end_lineno - 1]  # type: ignore[operator]
+    end = end_line + len(text[end_line:].encode()[:node.end_col_offset].decode(errors="ignore"))
+    return text[:start] + replacement + text[end:]
+
+
+def _same(text: str, expected: ast.AST) -> bool:
+    try:
+        return ast.dump(ast.parse(text)) == ast.dump(expected)
+    except SyntaxError:
+        return False
+
+
+def _mutations(path: str, text: str, tree: ast.Module, qual: str, fn: ast.AST, r: random.Random) -> list[Bug]:
+    out = []
+    offs = _offsets(text)
+    fn_index = next(i for i, n in enumerate(ast.walk(tree)) if n is fn)
+    walk = list(ast.walk(tree))
+    fn_nodes = {id(n) for n in ast.walk(fn)}
+    for kind, ordinal in mutation_sites(tree):
+        node = walk[ordinal]
+        if kind == "missing_branch" or id(node) not in fn_nodes or ordinal == fn_index:
+            continue
+        if getattr(node, "lineno", None) is None or node.lineno != node.end_lineno:
+            continue  # single-line expressions only: the splice stays one line
+        mutant = mutate(tree, kind, ordinal, r)
+        new_node = list(ast.walk(mutant))[ordinal]
+        src = ast.unparse(new_node)
+        for candidate in (src, f"({src})"):
+            new_text = _splice(text, offs, node, candidate)
+            if new_text != text and _same(new_text, mutant):
+                out.append(Bug(path, qual, kind, node.lineno, text, new_text))
+                break
+    return out
+
+
+def _blank(path: str, text: str, qual: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Bug | None:
+    body = fn.body
+    doc = 1 if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+        and isinstance(body[0].value.value, str) else 0  # type: ignore[attr-defined]
+    rest = body[doc:]
+    if not rest or rest[0].lineno == fn.lineno:
+        return None  # a one-line `def f(): return x`: nothing to blank cleanly
+    lines = text.splitlines(keepends=True)
+    first, last = rest[0].lineno, rest[-1].end_lineno or rest[-1].lineno
+    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+    new_text = "".join(lines[:first - 1]) + f"{indent}raise NotImplementedError\n" + "".join(lines[last:])
+    try:
+        ast.parse(new_text)
+    except SyntaxError:
+        return None
+    return Bug(path, qual, "blank_body", first, text, new_text)
+
+
+def candidate_bugs(path: str, text: str, r: random.Random, *, per_function: int = 2) -> list[Bug]:
+    """Up to `per_function` mutations and one blanked body per function of the module at `path`, shuffled."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out: list[Bug] = []
+    for qual, fn in functions(tree):
+        if (fn.end_lineno or fn.lineno) - fn.lineno < MIN_BODY_LINES:
+            continue
+        muts = _mutations(path, text, tree, qual, fn, r)
+        r.shuffle(muts)
+        out += muts[:per_function]
+        blank = _blank(path, text, qual, fn)
+        if blank is not None:
+            out.append(blank)
+    r.shuffle(out)
+    return out
