@@ -1,4 +1,5 @@
-"""Real repositories as environments: `flywheel bench envs --out FILE` (`--quick`: 2 projects, 4 tasks each; else 14 projects, 20 each).
+"""Real repositories as environments: `flywheel bench envs --out FILE` (14 projects, up to 20 tasks each; `--quick`:
+2 projects, 4 tasks each).
 
 Per-repository environments, real-code task mining and grading with a repository's own environment, on pinned
 source distributions of small pure-Python projects from the package index (PROJECTS), all in one run:

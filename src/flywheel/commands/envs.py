@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"flywheel envs build: {err}")
         return 2
-    for err in load.errors:
-        print(f"broken: {err}")
+    for broken in load.errors:
+        print(f"broken: {broken}")
     specs: dict[str, dict] = {}
     users: dict[str, int] = {}
     for task in load.tasks:

@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"flywheel tasks check: {err}")
         return 2
     cfg = EnvConfig(grade_cache=0, **({"python_envs_dir": args.envs_dir} if args.envs_dir else {}))
-    for err in load.errors:
-        print(f"broken: {err}")
+    for broken in load.errors:
+        print(f"broken: {broken}")
     ready, num_env_errors = [], 0
     for task in load.tasks:
         problem = env_problem(task.python_env, cfg.python_envs_dir)

@@ -118,6 +118,7 @@ class CodingEnv:
             else:
                 from flywheel.envs.changes import call_grader, capture_changes
 
+                assert self.base is not None  # set by reset()
                 changes = capture_changes(self.base, ws)
                 reward = call_grader(self.grader, self.task, changes, list(self.harness.log))
             if self.judge is not None and self.cfg.rubric_weight > 0:

@@ -170,7 +170,7 @@ def workspace_changes(task: Task, workspace: Path) -> WorkspaceChanges:
 def workspace_diff(task: Task, workspace: Path, max_chars: int = 8000) -> str:
     """A unified diff of the agent's changes (for the rubric judge and for logs)."""
     ch = workspace_changes(task, workspace)
-    parts = []
+    parts: list[str] = []
     for rel, (old, new) in sorted(ch.modified.items()):
         parts += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
     for rel, new in sorted(ch.added.items()):

@@ -163,9 +163,9 @@ def _from_setup_py(text: str) -> tuple[list[str], str]:
 
     reqs: list[str] = []
     name = ""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "setup":
-            for kw in node.keywords:
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and getattr(call.func, "id", getattr(call.func, "attr", "")) == "setup":
+            for kw in call.keywords:
                 v = value(kw.value)
                 if kw.arg in ("install_requires", "tests_require") and isinstance(v, (list, tuple)):
                     reqs += [r for r in v if isinstance(r, str)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from flywheel.tasks.loaders import is_test_path
 from flywheel.tasks.synth.mutations import mutate, mutation_sites
@@ -67,9 +68,9 @@ def _offsets(text: str) -> list[int]:
     return out
 
 
-def _splice(text: str, offs: list[int], node: ast.AST, replacement: str) -> str:
+def _splice(text: str, offs: list[int], node: Any, replacement: str) -> str:
     start = offs[node.lineno - 1] + len(text[offs[node.lineno - 1]:].encode()[:node.col_offset].decode(errors="ignore"))
-    end_line = offs[node.end_lineno - 1]  # type: ignore[operator]
+    end_line = offs[node.end_lineno - 1]
     end = end_line + len(text[end_line:].encode()[:node.end_col_offset].decode(errors="ignore"))
     return text[:start] + replacement + text[end:]
 
@@ -85,7 +86,7 @@ def _mutations(path: str, text: str, tree: ast.Module, qual: str, fn: ast.AST, r
     out = []
     offs = _offsets(text)
     fn_index = next(i for i, n in enumerate(ast.walk(tree)) if n is fn)
-    walk = list(ast.walk(tree))
+    walk: list[Any] = list(ast.walk(tree))
     fn_nodes = {id(n) for n in ast.walk(fn)}
     for kind, ordinal in mutation_sites(tree):
         node = walk[ordinal]
@@ -94,7 +95,7 @@ def _mutations(path: str, text: str, tree: ast.Module, qual: str, fn: ast.AST, r
         if getattr(node, "lineno", None) is None or node.lineno != node.end_lineno:
             continue  # single-line expressions only: the splice stays one line
         mutant = mutate(tree, kind, ordinal, r)
-        new_node = list(ast.walk(mutant))[ordinal]
+        new_node: Any = list(ast.walk(mutant))[ordinal]
         src = ast.unparse(new_node)
         for candidate in (src, f"({src})"):
             new_text = _splice(text, offs, node, candidate)
