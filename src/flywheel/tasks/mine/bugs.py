@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import random
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,31 +76,39 @@ def _splice(text: str, offs: list[int], node: Any, replacement: str) -> str:
     return text[:start] + replacement + text[end:]
 
 
-def _same(text: str, expected: ast.AST) -> bool:
+def _same_function(text: str, fn: Any, expected: ast.AST) -> bool:
+    """The lines of `fn` in `text` (a splice never moves them) parse to `expected`: only the function is re-parsed,
+    dedented, so a 4,000-line module costs what its function costs."""
+    first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    segment = "".join(text.splitlines(keepends=True)[first - 1:fn.end_lineno])
     try:
-        return ast.dump(ast.parse(text)) == ast.dump(expected)
+        tree = ast.parse(textwrap.dedent(segment))
     except SyntaxError:
         return False
+    return len(tree.body) == 1 and ast.dump(tree.body[0]) == ast.dump(expected)
 
 
-def _mutations(path: str, text: str, tree: ast.Module, qual: str, fn: ast.AST, r: random.Random) -> list[Bug]:
-    out = []
-    offs = _offsets(text)
-    fn_index = next(i for i, n in enumerate(ast.walk(tree)) if n is fn)
-    walk: list[Any] = list(ast.walk(tree))
-    fn_nodes = {id(n) for n in ast.walk(fn)}
-    for kind, ordinal in mutation_sites(tree):
+def _mutations(path: str, text: str, offs: list[int], index: int, qual: str, fn: ast.AST, r: random.Random,
+               limit: int) -> list[Bug]:
+    """Up to `limit` mutations of the function `fn` (the `index`-th of its module), tried in a random order.
+    Each is made on a copy of the function alone (a module's deep copy per site made large modules slow)."""
+    mini = ast.Module(body=[fn], type_ignores=[])  # type: ignore[list-item]
+    walk: list[Any] = list(ast.walk(mini))
+    sites = [(k, o) for k, o in mutation_sites(mini) if k != "missing_branch" and o > 1]
+    r.shuffle(sites)
+    out: list[Bug] = []
+    for kind, ordinal in sites:
+        if len(out) >= limit:
+            break
         node = walk[ordinal]
-        if kind == "missing_branch" or id(node) not in fn_nodes or ordinal == fn_index:
-            continue
         if getattr(node, "lineno", None) is None or node.lineno != node.end_lineno:
             continue  # single-line expressions only: the splice stays one line
-        mutant = mutate(tree, kind, ordinal, r)
+        mutant = mutate(mini, kind, ordinal, r)
         new_node: Any = list(ast.walk(mutant))[ordinal]
         src = ast.unparse(new_node)
         for candidate in (src, f"({src})"):
             new_text = _splice(text, offs, node, candidate)
-            if new_text != text and _same(new_text, mutant):
+            if new_text != text and _same_function(new_text, fn, mutant.body[0]):
                 out.append(Bug(path, qual, kind, node.lineno, text, new_text))
                 break
     return out
@@ -116,8 +125,9 @@ def _blank(path: str, text: str, qual: str, fn: ast.FunctionDef | ast.AsyncFunct
     first, last = rest[0].lineno, rest[-1].end_lineno or rest[-1].lineno
     indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
     new_text = "".join(lines[:first - 1]) + f"{indent}raise NotImplementedError\n" + "".join(lines[last:])
-    try:
-        ast.parse(new_text)
+    top = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    try:  # the function alone, dedented: re-parsing a large module per function was most of the cost
+        ast.parse(textwrap.dedent("".join(lines[top - 1:first - 1]) + f"{indent}raise NotImplementedError\n"))
     except SyntaxError:
         return None
     return Bug(path, qual, "blank_body", first, text, new_text)
@@ -130,12 +140,11 @@ def candidate_bugs(path: str, text: str, r: random.Random, *, per_function: int 
     except SyntaxError:
         return []
     out: list[Bug] = []
-    for qual, fn in functions(tree):
+    offs = _offsets(text)
+    for index, (qual, fn) in enumerate(functions(tree)):
         if (fn.end_lineno or fn.lineno) - fn.lineno < MIN_BODY_LINES:
             continue
-        muts = _mutations(path, text, tree, qual, fn, r)
-        r.shuffle(muts)
-        out += muts[:per_function]
+        out += _mutations(path, text, offs, index, qual, fn, r, per_function)
         blank = _blank(path, text, qual, fn)
         if blank is not None:
             out.append(blank)
