@@ -59,7 +59,7 @@ def fetch_sdist(pin: str, cache_dir: str | Path) -> Path:
     sdists.mkdir(parents=True, exist_ok=True)
     if not any(sdists.iterdir()):
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                            "--no-build-isolation", "--disable-pip-version-check", "-q", "-d", str(sdists), pin],
+                            "--disable-pip-version-check", "-q", "-d", str(sdists), pin],
                            capture_output=True, text=True, timeout=600, check=False)
         if r.returncode != 0 or not any(sdists.iterdir()):
             raise ValueError(f"cannot download the source distribution of {pin}: {(r.stdout + r.stderr)[-800:]}")
