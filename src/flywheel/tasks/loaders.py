@@ -160,6 +160,8 @@ def _find_repo(repo: str, repos_dir: str | Path | None) -> Path:
         p = Path(repo)
         if p.is_dir():
             return p
+        if p.is_absolute():
+            raise BrokenTask(f"repository directory {repo} does not exist (for mined tasks: keep `--cache-dir`)")
         raise BrokenTask(f"repository {repo!r} needs `repos_dir` (a directory of local clones)")
     root = Path(repos_dir)
     for cand in (root / repo.replace("/", "__"), root / repo, root / repo.split("/")[-1]):
