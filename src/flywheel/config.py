@@ -147,6 +147,9 @@ class EnvConfig(Section):
         "all", description="tools offered: all seven, or 'core' (view, str_replace, run_tests, submit) for tiny models")
     system_prompt: Literal["compact", "full"] = Field(
         "compact", description="'compact' (a few tokens, for tiny models) or 'full' (tool guidance, for real models)")
+    python_envs_dir: str = Field("~/.cache/flywheel/envs", min_length=1, description="directory of the per-repository "
+                                 "Python environments (`flywheel envs build`; tasks/repoenv.py), one venv per "
+                                 "dependency spec; tasks with a `python_env` run their tests with that venv's Python")
     remote_url: list[str] = Field(default_factory=list, description="env-server URLs (`flywheel env-server`, "
                                   "http://host:port): rollout sessions run there instead of in this process, "
                                   "round-robin; a session that fails on one is retried on the next (a string is one "

@@ -77,7 +77,8 @@ class Task:
     `files` maps workspace-relative paths to contents; alternatively `repo` + `commit` name a local git
     repository. `hidden_files` are written over the workspace at grading only (test files restored,
     or a SWE-bench `test_patch` applied); the agent never sees them. `fail_to_pass` and `pass_to_pass`
-    are test ids as pytest reports them (`tests/test_x.py::test_y`).
+    are test ids as pytest reports them (`tests/test_x.py::test_y`). `python_env` names a per-repository
+    virtual environment, bound read-only into the sandbox, whose Python runs the tests.
     """
 
     id: str
@@ -97,6 +98,9 @@ class Task:
     # services started in the task's network namespace for the session and its grading (sandbox/services.py),
     # e.g. [{"kind": "postgres", "database": "app"}]
     services: list[dict[str, Any]] = field(default_factory=list)
+    # The task's own Python environment (tasks/repoenv.py): {"python": "3.11", "requirements": [...], "name": ...},
+    # built once per distinct spec by `flywheel envs build`; None = the run's own Python runs the tests.
+    python_env: dict[str, Any] | None = None
 
 
 @dataclass

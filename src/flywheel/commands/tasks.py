@@ -1,10 +1,15 @@
-"""Task files: generate synthetic bug-fix tasks, or check a task file.
+"""Task files: generate synthetic bug-fix tasks, mine real-code ones, or check a task file.
 
     flywheel tasks synth --n 1000 --seed 0 --out tasks.jsonl [--split heldout] [--difficulty easy]
-    flywheel tasks check tasks.jsonl [--format swebench --repos-dir clones/] [--grade]
+    flywheel tasks mine --projects inflection==0.5.1,toolz==0.12.1 --out mined.jsonl [--verify]
+    flywheel tasks check tasks.jsonl [--format swebench --repos-dir clones/] [--grade] [--envs-dir DIR]
 
 `synth` writes verified tasks (the original passes every test, the mutant fails one) as flywheel JSONL;
-`check` loads a file the way a run does and lists the broken tasks (exit code 1 when there are any); with
+`mine` injects bugs into real projects (source distributions from the package index, pinned NAME==VERSION, or
+`--dir NAME=PATH`) and keeps those their own test suites catch (tasks/mine/); `--verify` then grades each kept task
+as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0.
+`check` loads a file the way a run does and lists the broken tasks (exit code 1 when there are any), tasks whose
+own environment (`python_env`) is not built or failed to build among them; with
 `--grade` it also grades, as a run would, each task's reference solution (must earn 1 with no flag) and its
 untouched workspace (must earn less): a test command the grading guard cannot work with shows here.
 """
@@ -27,10 +32,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--difficulty", choices=["easy", "medium", "hard"], default=None, help="default: a mix")
     s.add_argument("--runner", choices=["minitest", "pytest"], default="minitest",
                    help="test runner the tasks use (default: runtests.py, see tasks/minitest.py)")
+    m = sub.add_parser("mine", help="mine real-code bug-fix tasks from real projects (SWE-smith style)")
+    m.add_argument("--projects", default="", help="comma-separated pinned source distributions, NAME==VERSION")
+    m.add_argument("--dir", action="append", default=[], metavar="NAME=PATH",
+                   help="a project already on disk (with its tests), repeatable")
+    m.add_argument("--out", required=True, help="output JSONL path (flywheel format)")
+    m.add_argument("--cache-dir", default="runs/mine", help="downloads, unpacked sources and the task repositories "
+                   "(the tasks refer to them: keep it)")
+    m.add_argument("--envs-dir", default=None, help="per-repository environments (default: env.python_envs_dir)")
+    m.add_argument("--max-per-project", type=int, default=50, help="tasks kept per project at most")
+    m.add_argument("--max-tries", type=int, default=None, help="candidate bugs tried per project (default 4x max)")
+    m.add_argument("--seed", type=int, default=0, help="which bugs are tried, in which order")
+    m.add_argument("--verify", action="store_true", help="grade every kept task (fix -> 1, bugged -> 0) and keep "
+                   "only those that pass")
+    m.add_argument("--report", default=None, help="also write the per-project report (JSON) here")
     c = sub.add_parser("check", help="load a task file and report broken tasks")
     c.add_argument("path", help="JSONL task file")
     c.add_argument("--format", default="auto", choices=["auto", "flywheel", "swebench", "humaneval"])
     c.add_argument("--repos-dir", default=None, help="directory of local clones (SWE-bench tasks)")
+    c.add_argument("--envs-dir", default=None, help="per-repository environments (default: env.python_envs_dir)")
     c.add_argument("--grade", action="store_true", help="grade each task's solution (must earn 1, no flag) and "
                    "its untouched workspace (must earn less)")
 
@@ -52,52 +72,89 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {len(tasks)} verified tasks ({len(summary['function'])} functions) to {args.out} "
               f"in {time.perf_counter() - t0:.1f}s")
         return 0
+    if args.action == "mine":
+        return _mine(args)
+    from flywheel.config import EnvConfig
     from flywheel.tasks.loaders import load_tasks
+    from flywheel.tasks.repoenv import env_problem
 
     try:
         load = load_tasks(args.path, fmt=args.format, repos_dir=args.repos_dir)
     except ValueError as err:
         print(f"flywheel tasks check: {err}")
         return 2
-    for problem in load.errors:
-        print(f"broken: {problem}")
-    print(f"{len(load.tasks)} tasks loaded, {len(load.errors)} broken")
-    wrong = _grade_solutions(load.tasks) if args.grade else 0
-    return 1 if load.errors or wrong else 0
+    cfg = EnvConfig(grade_cache=0, **({"python_envs_dir": args.envs_dir} if args.envs_dir else {}))
+    for broken in load.errors:
+        print(f"broken: {broken}")
+    ready, num_env_errors = [], 0
+    for task in load.tasks:
+        problem = env_problem(task.python_env, cfg.python_envs_dir)
+        if problem is None:
+            ready.append(task)
+        else:
+            num_env_errors += 1
+            print(f"broken: task {task.id!r}: {problem}")
+    print(f"{len(load.tasks)} tasks loaded, {len(load.errors) + num_env_errors} broken")
+    wrong = _grade_solutions(ready, cfg) if args.grade else 0
+    return 1 if load.errors or num_env_errors or wrong else 0
 
 
-def _grade_solutions(tasks) -> int:
+def _grade_solutions(tasks, cfg) -> int:
     """Grade every task's solution and untouched workspace; prints each task that grades wrong."""
-    import shutil
-    import tempfile
+    from flywheel.envs.verify import verify_tasks
+
+    results = verify_tasks(tasks, cfg)
+    for r in results:
+        if r.error == "no solution":
+            print(f"no solution: {r.task_id} (not graded)")
+        elif not r.ok:
+            print(f"grades wrong: {r.task_id}: solution {r.solved} {r.flags} {r.error[:300]}; untouched {r.untouched}")
+    checked = [r for r in results if r.error != "no solution"]
+    wrong = sum(1 for r in checked if not r.ok)
+    print(f"{len(checked)} solutions graded, {wrong} wrong")
+    return wrong
+
+
+def _mine(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
     from pathlib import Path
 
     from flywheel.config import EnvConfig
-    from flywheel.envs.reward import grade
-    from flywheel.tasks.loaders import task_base_dir, write_files
+    from flywheel.tasks.loaders import save_tasks
+    from flywheel.tasks.mine import mine_directory, mine_project
 
-    cfg, wrong, checked = EnvConfig(grade_cache=0), 0, 0
-    root = Path(tempfile.mkdtemp(prefix="flywheel-check-"))
-    try:
-        for task in tasks:
-            if not task.solution:
-                print(f"no solution: {task.id} (not graded)")
-                continue
-            checked += 1
-            rewards = {}
-            for solved in (True, False):
-                ws = root / "ws"
-                shutil.rmtree(ws, ignore_errors=True)
-                shutil.copytree(task_base_dir(task, root / "cache"), ws, symlinks=True)
-                if solved:
-                    write_files(ws, task.solution)
-                rewards[solved] = grade(task, ws, cfg)
-            good, bad = rewards[True], rewards[False]
-            if good.value != 1.0 or good.flags or bad.value >= 1.0:
-                wrong += 1
-                print(f"grades wrong: {task.id}: solution {good.value} {good.flags} {good.notes[:2]}; "
-                      f"untouched {bad.value}")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    print(f"{checked} solutions graded, {wrong} wrong")
-    return wrong
+    cfg = EnvConfig(grade_cache=0, **({"python_envs_dir": args.envs_dir} if args.envs_dir else {}))
+    pins = [p.strip() for p in args.projects.split(",") if p.strip()]
+    dirs = []
+    for item in args.dir:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_dir():
+            raise SystemExit(f"flywheel tasks mine: --dir takes NAME=PATH with an existing directory, got {item!r}")
+        dirs.append((name, Path(path)))
+    if not pins and not dirs:
+        raise SystemExit("flywheel tasks mine: give --projects NAME==VERSION,... or --dir NAME=PATH")
+    kw = {"max_tasks": args.max_per_project, "max_tries": args.max_tries, "seed": args.seed}
+    tasks, reports = [], []
+    for pin in pins:
+        got, rep = mine_project(pin, args.cache_dir, cfg.python_envs_dir, **kw)
+        tasks += got
+        reports.append(rep)
+        print(f"{rep.project}: kept {rep.kept} of {rep.tried} tried" + (f" ({rep.error[:300]})" if rep.error else ""))
+    for name, path in dirs:
+        got, rep = mine_directory(name, path, args.cache_dir, cfg.python_envs_dir, **kw)
+        tasks += got
+        reports.append(rep)
+        print(f"{rep.project}: kept {rep.kept} of {rep.tried} tried" + (f" ({rep.error[:300]})" if rep.error else ""))
+    dropped = 0
+    if args.verify:
+        from flywheel.envs.verify import verify_tasks
+
+        results = {r.task_id: r for r in verify_tasks(tasks, cfg)}
+        dropped = sum(1 for t in tasks if not results[t.id].ok)
+        tasks = [t for t in tasks if results[t.id].ok]
+    save_tasks(tasks, args.out)
+    if args.report:
+        Path(args.report).write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1, default=str))
+    print(f"wrote {len(tasks)} tasks to {args.out}" + (f" ({dropped} dropped by verification)" if args.verify else ""))
+    return 0 if tasks else 1

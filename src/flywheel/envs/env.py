@@ -33,6 +33,7 @@ from flywheel.envs.tools import Harness, tools_for
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.services import TaskServices, parse_services, start_services
 from flywheel.tasks.loaders import task_base_dir
+from flywheel.tasks.repoenv import ready_env
 from flywheel.types import Message, Reward, Task, ToolCall, ToolCallError
 
 # Compact: every token counts for the tiny demo model (~600 tokens for a whole easy session). The tool
@@ -82,11 +83,13 @@ class CodingEnv:
         self.close()
         base = task_base_dir(task, self.cache_dir)
         self.base = base
+        env_dir = ready_env(task.python_env, self.cfg.python_envs_dir) if task.python_env is not None else None
         if task.services:  # started before the session, in the task's own network namespace; ready on return
             self.services = start_services(parse_services(task.services))
         svc = self.services
         self.sandbox = create_sandbox(base, SandboxLimits.from_config(self.cfg), kind=self.sandbox_kind,
-                                      netns_fd=None if svc is None else svc.netns, env=None if svc is None else svc.env)
+                                      python_env=env_dir, netns_fd=None if svc is None else svc.netns,
+                                      env=None if svc is None else svc.env)
         self.task, self.done, self.reward = task, False, None
         self.harness = Harness(self.sandbox, self.cfg, task)
         return [Message("system", system_prompt(self.cfg)), Message("user", task.problem)]

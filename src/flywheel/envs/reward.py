@@ -61,6 +61,7 @@ from flywheel.tasks.loaders import (
     original_file,
     original_paths,
 )
+from flywheel.tasks.repoenv import ready_env
 from flywheel.types import Reward, Task
 
 FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam", *STATIC_FLAGS, "runner_tampered")
@@ -376,6 +377,10 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
     test_files = list(dict.fromkeys(file_of_test(t) for t in test_ids))
     files = " ".join(shlex.quote(f) for f in test_files)
     command = f"{task.test_command} -p no:cacheprovider {files}"
+    # the task's own environment (EnvNotReady, a ValueError, when it is not built: a broken task, never a reward)
+    env_dir = ready_env(task.python_env, cfg.python_envs_dir) if task.python_env is not None else None
+    if env_dir is not None:
+        command += f" [python_env {env_dir.name}]"  # part of the grade-cache key: another env, another verdict
     tmp = Path(tempfile.mkdtemp(prefix="flywheel-grade-"))
     base = tmp / "base"
     try:
@@ -399,7 +404,8 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
         limits.timeout_s = cfg.grade_timeout_s
         limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
         name = f".fw-junit-{uuid.uuid4().hex}.xml"
-        with create_sandbox(base, limits, kind=kind, netns_fd=None if services is None else services.netns,
+        with create_sandbox(base, limits, kind=kind, python_env=env_dir,
+                            netns_fd=None if services is None else services.netns,
                             env=None if services is None else services.env) as sb:
             env = dict(PYTEST_ENV, **({"PYTHONPATH": armed.pythonpath(sb.inner_workspace)} if armed else {}))
             res = sb.run(f"{task.test_command} -p no:cacheprovider --junitxml={name} {files}",

@@ -248,7 +248,7 @@ def _prepared_root_cached(tmp_root: str, python_roots: tuple[str, ...], pid: int
         # no MS_NODEV: the device nodes below must work; nosuid all the same
         _mount("flywheel-root", str(d), "tmpfs", _MS_NOSUID, _TMPFS_OPTS)
         mounted = True
-        for name in ("usr", "etc", "proc", "tmp", "dev", "workspace"):
+        for name in ("usr", "etc", "proc", "tmp", "dev", "workspace", "env"):
             (d / name).mkdir(mode=0o755)
         os.chmod(d / "tmp", 0o1777)
         for name in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):

@@ -110,6 +110,7 @@ __all__ = [
 ]
 
 BWRAP_WORKSPACE = "/workspace"
+BWRAP_PYTHON_ENV = "/env"  # where a task's own Python environment (a venv) is bound, read-only
 
 
 @dataclass
@@ -201,8 +202,9 @@ def _reap_once(tmp_root: str) -> int:
 class _BaseSandbox(abc.ABC):
     kind = ""
 
-    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None, *,
-                 netns_fd: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None,
+                 python_env: str | Path | None = None, *, netns_fd: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         if not isinstance(limits, SandboxLimits):
             raise TypeError(f"limits must be a SandboxLimits (got {type(limits).__name__})")
         if netns_fd is not None and not netns.available():
@@ -212,6 +214,11 @@ class _BaseSandbox(abc.ABC):
         self._given_netns = netns_fd  # the task's own namespace (services live there); not ours to release
         self._env(env, home="", tmp="")  # checks it
         self._base_env = dict(env or {})
+        if python_env is not None and not (Path(python_env) / "bin" / "python").exists():
+            raise ValueError(f"python_env {python_env} is not a virtual environment (no bin/python): build it with "
+                             "`flywheel envs build TASKS`")
+        self.python_env = None if python_env is None else os.path.realpath(python_env)  # on the host
+        self.inner_python_env = self.python_env  # as commands inside see it
         self._owner_pid = os.getpid()  # a forked child inherits this object but must not tear it down
         _reap_once(tmp_root or default_tmp_root())
         self.uid = UIDS.acquire() if is_root() else None
@@ -245,6 +252,9 @@ class _BaseSandbox(abc.ABC):
     def _env(self, env: dict[str, str] | None, home: str, tmp: str) -> dict[str, str]:
         out = {"PATH": default_path(), "HOME": home, "TMPDIR": tmp,
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+        if self.inner_python_env is not None:  # the task's environment first: its `python` runs the tests
+            out["PATH"] = f"{self.inner_python_env}/bin:{out['PATH']}"
+            out["VIRTUAL_ENV"] = self.inner_python_env
         if env is not None:
             if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                                                     and "\x00" not in k + v for k, v in env.items()):
@@ -416,10 +426,13 @@ class BwrapSandbox(_BaseSandbox):
     _wants_info_fd = True
     _limits_in_script = True  # False once the exec helper sets them
 
-    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None, *,
-                 netns_fd: int | None = None, env: dict[str, str] | None = None) -> None:
-        super().__init__(base, limits, tmp_root, netns_fd=netns_fd, env=env)
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None,
+                 python_env: str | Path | None = None, *, netns_fd: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(base, limits, tmp_root, python_env, netns_fd=netns_fd, env=env)
         self.inner_workspace = BWRAP_WORKSPACE
+        if self.python_env is not None:
+            self.inner_python_env = BWRAP_PYTHON_ENV
         # As root, one network namespace lent for the sandbox's life (`netns.py`) instead of a new one per
         # command (--unshare-net), which costs ~20 % of a bwrap start; or the task's own (its services).
         self._netns: int | None = netns_fd if netns_fd is not None else (
@@ -434,7 +447,8 @@ class BwrapSandbox(_BaseSandbox):
         system, helper = _bwrap_system_args(tmp_root or default_tmp_root(), self.limits.file_size_mb * 1024 * 1024 * 4)
         if self._netns is not None:
             system = tuple(a for a in system if a != "--unshare-net")
-        a = [*system, "--bind", str(self.workspace), BWRAP_WORKSPACE, "--chdir", BWRAP_WORKSPACE, "--"]
+        env = [] if self.python_env is None else ["--ro-bind", self.python_env, BWRAP_PYTHON_ENV]
+        a = [*system, *env, "--bind", str(self.workspace), BWRAP_WORKSPACE, "--chdir", BWRAP_WORKSPACE, "--"]
         if helper and self.uid is not None:
             lim = self.limits  # limits, uid and no_new_privs set by one small helper (see rootfs.py)
             self._limits_in_script = False
@@ -547,9 +561,10 @@ class LocalSandbox(_BaseSandbox):
 
     kind = "local"
 
-    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None, *,
-                 netns_fd: int | None = None, env: dict[str, str] | None = None) -> None:
-        super().__init__(base, limits, tmp_root, netns_fd=netns_fd, env=env)
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None,
+                 python_env: str | Path | None = None, *, netns_fd: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(base, limits, tmp_root, python_env, netns_fd=netns_fd, env=env)
         self._tmp = self._ws.scratch("tmp", owner_uid=self.uid)
         if self.uid is None:
             self._prefix = ["bash", "-c"]
@@ -579,16 +594,18 @@ class LocalSandbox(_BaseSandbox):
 
 
 def create_sandbox(base: Path, limits: SandboxLimits | None = None, kind: str = "auto",
-                   tmp_root: str | None = None, *, netns_fd: int | None = None,
-                   env: dict[str, str] | None = None) -> BwrapSandbox | LocalSandbox:
+                   tmp_root: str | None = None, python_env: str | Path | None = None, *,
+                   netns_fd: int | None = None, env: dict[str, str] | None = None) -> BwrapSandbox | LocalSandbox:
     """A sandbox whose workspace is a copy-on-write view of `base` (see `materialize_base`).
 
+    `python_env`: a task's own virtual environment (tasks/repoenv.py), bound read-only (bwrap: at /env; local:
+    at its host path, which the sandbox uid must be able to read) and first on PATH, so `python` is its Python.
     `netns_fd`: run its commands in this network namespace (a task's services, `services.py`; the caller keeps
     it) instead of one of their own; `env`: variables every command gets (under those of the call)."""
     resolved = resolve_kind(kind)
     limits = SandboxLimits() if limits is None else limits
     cls = BwrapSandbox if resolved == "bwrap" else LocalSandbox
-    return cls(Path(base), limits, tmp_root=tmp_root, netns_fd=netns_fd, env=env)
+    return cls(Path(base), limits, tmp_root=tmp_root, python_env=python_env, netns_fd=netns_fd, env=env)
 
 
 def describe_host(tmp_root: str | None = None) -> dict[str, object]:

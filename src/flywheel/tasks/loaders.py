@@ -48,6 +48,8 @@ from typing import Any
 from flywheel.sandbox.services import parse_services
 from flywheel.sandbox.workspace import base_permissions, materialize_base
 from flywheel.tasks import minitest
+from flywheel.tasks.repoenv import check_spec, spec_from_reader
+from flywheel.tasks.variants import normalize
 from flywheel.types import Task, TaskLimits
 
 FORMATS = ("auto", "flywheel", "swebench", "humaneval")
@@ -124,7 +126,9 @@ def _str_dict(d: dict[str, Any], key: str) -> dict[str, str]:
     return v
 
 
-def _check_command(command: str) -> None:
+def _check_command(command: str, own_python: bool = True) -> None:
+    """`own_python=False`: the task runs in its own environment (tasks/repoenv.py), which `flywheel tasks check`
+    checks instead of this Python."""
     try:
         argv = shlex.split(command)
     except ValueError as err:
@@ -137,7 +141,7 @@ def _check_command(command: str) -> None:
         prog = rest[0] if rest else prog
     if prog in ("python", "python3"):
         rest = argv[argv.index(prog) + 1:]
-        if len(rest) >= 2 and rest[0] == "-m" and importlib.util.find_spec(rest[1].split(".")[0]) is None:
+        if own_python and len(rest) >= 2 and rest[0] == "-m" and importlib.util.find_spec(rest[1].split(".")[0]) is None:
             raise BrokenTask(f"test_command {command!r} runs the module {rest[1]!r}, which this Python "
                              f"({sys.executable}) cannot import: install it (for pytest: `pip install pytest`, or "
                              "flywheel's `dev` extra) or give the task a test_command that is installed")
@@ -157,6 +161,8 @@ def _find_repo(repo: str, repos_dir: str | Path | None) -> Path:
         p = Path(repo)
         if p.is_dir():
             return p
+        if p.is_absolute():
+            raise BrokenTask(f"repository directory {repo} does not exist (for mined tasks: keep `--cache-dir`)")
         raise BrokenTask(f"repository {repo!r} needs `repos_dir` (a directory of local clones)")
     root = Path(repos_dir)
     for cand in (root / repo.replace("/", "__"), root / repo, root / repo.split("/")[-1]):
@@ -187,6 +193,12 @@ def parse_flywheel(d: dict[str, Any], repos_dir: str | Path | None = None) -> Ta
     if unknown:
         raise BrokenTask(f"unknown fields {sorted(unknown)}; allowed: {[f.name for f in dataclasses.fields(Task)]}")
     solution = d.get("solution")
+    python_env = d.get("python_env")
+    if python_env is not None:
+        try:
+            check_spec(python_env)
+        except ValueError as err:
+            raise BrokenTask(str(err)) from None
     task = Task(
         id=_str(d, "id"), problem=_str(d, "problem"), files=_str_dict(d, "files"),
         repo=_str(d, "repo", required=False) or None, commit=_str(d, "commit", required=False) or None,
@@ -195,7 +207,7 @@ def parse_flywheel(d: dict[str, Any], repos_dir: str | Path | None = None) -> Ta
         pass_to_pass=_str_list(d, "pass_to_pass"), test_command=_str(d, "test_command", required=False,
                                                                       default="python -m pytest -q"),
         limits=TaskLimits(**limits), solution=_str_dict(d, "solution") if solution is not None else None, meta=meta,
-        services=_services(d))
+        services=_services(d), python_env=python_env)
     if task.repo is not None:
         path = _find_repo(task.repo, repos_dir)
         task.repo = str(path.resolve())
@@ -221,7 +233,7 @@ def _check_task(task: Task) -> None:
         raise BrokenTask("empty task id")
     if not task.files and task.repo is None:
         raise BrokenTask("task has neither 'files' nor 'repo'")
-    _check_command(task.test_command)
+    _check_command(task.test_command, own_python=task.python_env is None)
     if not task.fail_to_pass and not task.pass_to_pass:
         raise BrokenTask("task has no hidden tests (fail_to_pass and pass_to_pass are both empty)")
     if task.repo is None:  # files-based: every named test file must exist somewhere in the task
@@ -236,15 +248,46 @@ def _check_task(task: Task) -> None:
 
 
 def parse_swebench(d: dict[str, Any], repos_dir: str | Path | None) -> Task:
+    """A record of the SWE-bench family (SWE-bench, SWE-Gym, SWE-smith, R2E-Gym; tasks/variants.py).
+
+    The task gets its own environment (`python_env`, from the repository's metadata at `environment_setup_commit`,
+    else at the base commit) when the record has `environment_setup_commit` or `"python_env": "repo"`; otherwise
+    the run's Python runs the tests, as before."""
+    try:
+        d = normalize(d)
+    except (ValueError, KeyError) as err:
+        raise BrokenTask(str(err)) from None
     iid = _str(d, "instance_id")
     repo = _find_repo(_str(d, "repo"), repos_dir)
     commit = _str(d, "base_commit")
     _check_commit(repo, commit)
     f2p, p2p = _str_list(d, "FAIL_TO_PASS"), _str_list(d, "PASS_TO_PASS")
+    meta = {"format": "swebench", "variant": d.get("variant", "swebench"), "repo": d["repo"],
+            "patch": _str(d, "patch", required=False)}
+    for key in ("bug_patch", "fix_commit", "version", "image_name", "docker_image"):
+        if isinstance(d.get(key), str):
+            meta[key] = d[key]
+    python_env = None
+    env_commit = d.get("environment_setup_commit")
+    if env_commit is not None or d.get("python_env") == "repo":
+        at = str(env_commit or commit)
+        _check_commit(repo, at)
+
+        def read(path: str) -> str | None:
+            r = _git(repo, "show", f"{at}:{path}", data=True)
+            return r.stdout.decode("utf-8", errors="replace") if r.returncode == 0 else None
+
+        try:
+            python_env = spec_from_reader(read, name=str(d["repo"]))
+        except ValueError as err:
+            raise BrokenTask(f"environment of {d['repo']}@{at[:12]}: {err}") from None
+    elif d.get("python_env") is not None:
+        raise BrokenTask("field 'python_env' of a SWE-bench record may only be \"repo\" (derive it from the "
+                         "repository's metadata)")
     task = Task(id=iid, problem=_str(d, "problem_statement"), repo=str(repo.resolve()), commit=commit,
                 test_patch=_str(d, "test_patch", required=False) or None, fail_to_pass=f2p, pass_to_pass=p2p,
                 test_command=_str(d, "test_command", required=False, default="python -m pytest -q"),
-                meta={"format": "swebench", "repo": d["repo"], "patch": _str(d, "patch", required=False)})
+                meta=meta, python_env=python_env)
     _check_task(task)
     return task
 
@@ -281,7 +324,7 @@ def runner_source() -> str:
 
 
 def detect_format(d: dict[str, Any]) -> str:
-    if "instance_id" in d:
+    if "instance_id" in d or ("repo_name" in d and "commit_hash" in d):
         return "swebench"
     if "entry_point" in d and "task_id" in d:
         return "humaneval"
