@@ -86,7 +86,7 @@ def test_global_seed_seeds_sections_not_set_explicitly(tmp_path):
 
 
 def test_config_reference_doc_is_current():
-    from flywheel.config import reference_markdown
+    from flywheel.config.reference import reference_markdown
 
     assert (ROOT / "docs" / "config.md").read_text().strip() == reference_markdown().strip(), \
         "regenerate with: python -m flywheel.config > docs/config.md"

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from flywheel.config import GateConfig, ServeConfig, load_config
+from flywheel.config import load_config
+from flywheel.config.online import GateConfig, ServeConfig
 from flywheel.online.deploy import LiveMonitor, deploy_stack, deployed_version, rollback, rollback_target
 from flywheel.online.events import CompletionRecord, DuplicateError, Event, EventLog, FeedbackRecord
 from flywheel.online.gate import EvalRecord, judge, sign_test_p_worse

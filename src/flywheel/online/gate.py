@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from flywheel.config import GateConfig
+from flywheel.config.online import GateConfig
 from flywheel.types import SamplingParams
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from flywheel.config import SIGNALS, ServeConfig
+from flywheel.config.online import SIGNALS, ServeConfig
 from flywheel.inference.local import LocalEngine
 from flywheel.online.deploy import DeploymentFollower
 from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord, KeyRecord

@@ -73,11 +73,10 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from flywheel.sandbox import netns
+from flywheel.sandbox.contract import ExecResult, Sandbox, SandboxLimits
 from flywheel.sandbox.direct_exec import direct_argv
 from flywheel.sandbox.host import (
     KINDS,
@@ -101,9 +100,6 @@ from flywheel.sandbox.workspace import (
     workspace_mode,
 )
 
-if TYPE_CHECKING:
-    from flywheel.config import EnvConfig
-
 __all__ = [
     "ExecResult", "Sandbox", "SandboxLimits", "BwrapSandbox", "LocalSandbox", "bwrap_available",
     "create_sandbox", "flush_closed", "materialize_base", "resolve_kind", "KINDS",
@@ -111,61 +107,6 @@ __all__ = [
 
 BWRAP_WORKSPACE = "/workspace"
 BWRAP_PYTHON_ENV = "/env"  # where a task's own Python environment (a venv) is bound, read-only
-
-
-@dataclass
-class SandboxLimits:
-    """Per-command limits. Sizes in MiB, times in seconds; `max_procs` counts every process of the sandbox."""
-
-    cpu_time_s: int = 20
-    memory_mb: int = 1024
-    max_procs: int = 64
-    file_size_mb: int = 64
-    timeout_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        for name in ("cpu_time_s", "memory_mb", "max_procs", "file_size_mb"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"SandboxLimits.{name} must be a positive int (got {v!r})")
-        if self.max_procs < 2:
-            raise ValueError(f"SandboxLimits.max_procs must be >= 2 so bash can run a command (got {self.max_procs})")
-        if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
-            raise ValueError(f"SandboxLimits.timeout_s must be a positive number of seconds (got {self.timeout_s!r})")
-
-    @classmethod
-    def from_config(cls, cfg: EnvConfig) -> SandboxLimits:
-        return cls(cpu_time_s=cfg.cpu_time_s, memory_mb=cfg.memory_mb, max_procs=cfg.max_procs,
-                   file_size_mb=cfg.file_size_mb, timeout_s=cfg.command_timeout_s)
-
-
-@dataclass
-class ExecResult:
-    """The outcome of one command. `returncode` is negative (-signal) when it was killed."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-    timed_out: bool
-    duration_s: float
-
-    @property
-    def output(self) -> str:
-        """stdout then stderr, for showing to a model."""
-        if self.stdout and self.stderr and not self.stdout.endswith("\n"):
-            return self.stdout + "\n" + self.stderr
-        return self.stdout + self.stderr
-
-
-class Sandbox(Protocol):
-    kind: str
-    workspace: Path  # on the host
-    inner_workspace: str  # the same directory as commands inside the sandbox see it
-
-    def run(self, command: str, timeout_s: float | None = None, stdin: str | None = None,
-            env: dict[str, str] | None = None) -> ExecResult: ...
-
-    def close(self) -> None: ...
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # sandboxes not yet closed: closed at interpreter exit
@@ -211,14 +152,14 @@ class _BaseSandbox(abc.ABC):
             raise ValueError("a sandbox in a given network namespace (a task's services) needs root with network "
                              "namespaces")
         self.limits = limits
-        self._given_netns = netns_fd  # the task's own namespace (services live there); not ours to release
-        self._env(env, home="", tmp="")  # checks it
-        self._base_env = dict(env or {})
         if python_env is not None and not (Path(python_env) / "bin" / "python").exists():
             raise ValueError(f"python_env {python_env} is not a virtual environment (no bin/python): build it with "
                              "`flywheel envs build TASKS`")
         self.python_env = None if python_env is None else os.path.realpath(python_env)  # on the host
         self.inner_python_env = self.python_env  # as commands inside see it
+        self._given_netns = netns_fd  # the task's own namespace (services live there); not ours to release
+        self._env(env, home="", tmp="")  # checks it
+        self._base_env = dict(env or {})
         self._owner_pid = os.getpid()  # a forked child inherits this object but must not tear it down
         _reap_once(tmp_root or default_tmp_root())
         self.uid = UIDS.acquire() if is_root() else None

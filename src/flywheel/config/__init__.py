@@ -15,17 +15,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-
-class ConfigError(ValueError):
-    """A config a user wrote is wrong; the message says which key and what is allowed."""
-
-
-class Section(BaseModel):
-    """Base for every section: unknown keys are refused, assignments are validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from flywheel.config.base import ConfigError, Section
+from flywheel.config.online import OnlineConfig
 
 
 class ModelConfig(Section):
@@ -423,95 +416,6 @@ class NumericsConfig(Section):
                           "(numerics/lm_head.py)")
 
 
-SIGNALS = ("accept", "reject", "edit_kept", "edit_reverted", "thumbs_up", "thumbs_down", "follow_up")
-
-
-class ServeConfig(Section):
-    """`flywheel serve`: the OpenAI-compatible HTTP API (online/server.py)."""
-
-    host: str = Field("127.0.0.1", min_length=1, description="address to bind (loopback by default)")
-    port: int = Field(8470, ge=0, le=65_535, description="TCP port; 0 = a free port (printed at start)")
-    db_url: str = Field("", description="event log: a SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://…) or "
-                        "a file path; '' = <run_dir>/online.db (SQLite in WAL mode)")
-    model_name: str = Field("flywheel", min_length=1, description="the model id `/v1/models` lists and requests name")
-    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30, description="largest request body any key may send "
-                                "(bytes); a key's own limit may be lower")
-    requests_per_min: int = Field(600, ge=1, le=1_000_000, description="default per-key rate limit (requests per "
-                                  "minute, token bucket with a burst of this size) for keys created without one")
-    max_tokens: int = Field(256, ge=1, le=1_048_576, description="largest max_tokens a request may ask for (tokens)")
-    default_max_tokens: int = Field(128, ge=1, le=1_048_576, description="max_tokens when a request gives none")
-    deploy_poll_s: float = Field(0.5, gt=0, le=60, description="seconds between reads of the deployed version "
-                                 "(a deploy or rollback reaches this server within it)")
-
-
-class LearnerConfig(Section):
-    """The online learner (online/learner.py): signals to rewards, single-sample policy gradient, candidates."""
-
-    enabled: bool = Field(True, description="run the learner inside `flywheel serve` (false: serve only)")
-    rewards: dict[str, float] = Field(
-        {"accept": 0.75, "reject": -0.25, "edit_kept": 1.0, "edit_reverted": -0.5, "thumbs_up": 1.0,
-         "thumbs_down": -1.0, "follow_up": -0.5},
-        description="reward per feedback signal (the Tab mapping: accept +0.75, reject -0.25); signals not listed "
-                    "are recorded but not trained on")
-    baseline_decay: float = Field(0.95, ge=0, lt=1, description="running-baseline decay per event: b <- d*b + "
-                                  "(1-d)*r; the advantage is r - b")
-    batch_size: int = Field(8, ge=1, le=4096, description="feedback events per trainer step")
-    candidate_every_events: int = Field(32, ge=1, description="propose a candidate after this many trained events")
-    candidate_every_s: float = Field(600.0, gt=0, description="or after this many seconds with at least one step")
-    poll_s: float = Field(0.2, gt=0, le=60, description="seconds between reads of new feedback")
-    lr: float = Field(1e-3, gt=0, le=1, description="learning rate of the online trainer (overrides trainer.lr)")
-    max_lag: int = Field(8, ge=0, le=100_000, description="skip feedback on completions more than this many "
-                         "versions older than the learner's base (the importance weights of older ones are noise)")
-
-    @model_validator(mode="after")
-    def _check_signals(self) -> LearnerConfig:
-        unknown = sorted(set(self.rewards) - set(SIGNALS))
-        if unknown:
-            raise ValueError(f"online.learner.rewards: unknown signals {unknown}; known: {list(SIGNALS)}")
-        return self
-
-
-class GateConfig(Section):
-    """The deploy gate (online/gate.py): held-out paired eval of candidate vs serving, and hack monitors."""
-
-    enabled: bool = Field(True, description="false ships every candidate (tests of the rollback path only)")
-    num_prompts: int = Field(128, ge=4, le=100_000, description="held-out prompts scored per candidate (the same "
-                             "prompts and seeds every time, so the scores of a version are kept, not recomputed)")
-    compare_last: int = Field(4, ge=0, le=1000, description="also judge a candidate against the best-scoring of "
-                              "the last N versions deployed before the serving one, so that small regressions, "
-                              "none significant alone, cannot add up; 0 = against the serving version only")
-    alpha: float = Field(0.05, gt=0, lt=0.5, description="significance of the one-sided paired sign test: reject "
-                         "when P(a candidate no worse than serving loses this often) < alpha")
-    max_mean_drop: float = Field(0.05, ge=0, le=1, description="reject when the mean held-out score drops by more "
-                                 "than this, significant or not")
-    max_broken_tool_call_increase: float = Field(0.05, ge=0, le=1, description="reject when the share of replies "
-                                                 "with a broken tool call rises by more than this")
-    max_question_increase: float = Field(0.05, ge=0, le=1, description="reject when the share of replies that ask "
-                                         "a question instead of calling a tool rises by more than this")
-    max_flag_increase: float = Field(0.02, ge=0, le=1, description="reject when any integrity flag's rate rises by "
-                                     "more than this")
-
-
-class DeployConfig(Section):
-    """Deploy and automatic rollback (online/deploy.py)."""
-
-    rollback_window: int = Field(32, ge=1, le=1_000_000, description="feedback events on a new version's completions "
-                                 "the live monitor judges it on")
-    rollback_drop: float = Field(0.2, gt=0, le=10, description="roll back when the mean reward over the window falls "
-                                 "this far below the previous version's")
-    min_window_fraction: float = Field(1.0, gt=0, le=1, description="share of the window needed before judging")
-
-
-class OnlineConfig(Section):
-    """Real-time RL: serve the policy, learn from users' signals, deploy behind a gate, roll back
-    (docs/online.md)."""
-
-    serve: ServeConfig = Field(default_factory=ServeConfig)
-    learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    gate: GateConfig = Field(default_factory=GateConfig)
-    deploy: DeployConfig = Field(default_factory=DeployConfig)
-
-
 class FlywheelConfig(Section):
     """A whole run. `run_dir` holds config.json, metrics, checkpoints, weights and the report."""
 
@@ -647,43 +551,3 @@ def save_config(config: FlywheelConfig, run_dir: str | Path) -> Path:
     path = out / "config.json"
     path.write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     return path
-
-
-def reference_markdown() -> str:
-    """The config reference (docs/config.md is this text): every section, key, type, default and description."""
-    lines = ["# Config reference", "",
-             "Generated from `src/flywheel/config.py` by `python -m flywheel.config > docs/config.md`.",
-             "Every key can be set in a TOML file or overridden on the command line: `--section.key VALUE`.", ""]
-
-    def section(title: str, model: type[BaseModel]) -> None:
-        lines.extend([f"## `{title}`", "", (model.__doc__ or "").strip(), "",
-                      "| key | type | default | description |", "|---|---|---|---|"])
-        for name, f in model.model_fields.items():
-            ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                continue
-            bounds = [f"{k} {getattr(m, k)}" for m in f.metadata for k in ("gt", "ge", "lt", "le")
-                      if getattr(m, k, None) is not None]
-            typ = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
-            desc = (f.description or "") + (f" ({', '.join(bounds)})" if bounds else "")
-            default = f.get_default(call_default_factory=True)
-            lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
-        lines.append("")
-        if title != "(top level)":  # nested sections (trainer.mesh) follow their parent
-            for name, f in model.model_fields.items():
-                if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
-                    section(f"{title}.{name}", f.annotation)
-
-    def walk(prefix: str, model: type[BaseModel]) -> None:
-        for name, f in model.model_fields.items():
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
-                section(prefix + name, f.annotation)
-                walk(prefix + name + ".", f.annotation)
-
-    section("(top level)", FlywheelConfig)
-    walk("", FlywheelConfig)
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(reference_markdown())
