@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flywheel.bench import envs_remote
 from flywheel.config import EnvConfig
 from flywheel.envs.verify import verify_tasks
 from flywheel.tasks.loaders import save_tasks
@@ -49,15 +50,14 @@ def _p50(xs: list[float]) -> float | None:
 
 def sandbox_figures(tasks: list[Task], cfg: EnvConfig) -> dict[str, Any]:
     """`sandbox_p50_ms_repo_env` and `sandbox_p50_ms_plain`: create a sandbox, run `python -c pass`, destroy, with
-    and without a repository's environment bound in, interleaved, same run. Filled by the sandbox-scale work
-    (issue 27, deliverable 5); until then the keys are absent from the summary."""
-    return {}
+    and without a Python environment bound in, interleaved, same run (bench/envs_remote.py)."""
+    return envs_remote.sandbox_figures()
 
 
 def remote_figures(tasks: list[Task], cfg: EnvConfig) -> dict[str, Any]:
-    """`remote_step_overhead_ms`: an env-server step against an in-process step on the same task. Filled by the
-    remote-environment work (issue 27, deliverable 4); until then the key is absent from the summary."""
-    return {}
+    """`remote_step_overhead_ms`: an env-server step against an in-process step on the same task
+    (bench/envs_remote.py)."""
+    return envs_remote.remote_figures()
 
 
 def run(args: Any) -> dict:
