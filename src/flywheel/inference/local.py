@@ -333,8 +333,8 @@ class LocalEngine:
                 keep.append(r)
                 continue
             if self.prefix_cache is not None and r.kv_version >= 0:  # kept for a later turn or group member
-                try:
-                    self.prefix_cache.add(self._fed(r), r.cache, r.kv_version)
+                try:  # a standalone copy: the store must not hold pool slots (numerics/qwen3.py `detach`)
+                    self.prefix_cache.add(self._fed(r), self.runner.detach(r.cache), r.kv_version)
                 except Exception:  # noqa: BLE001 - a prefix not kept costs a prefill; a raise here would lose requests
                     log.exception("prefix cache: could not keep a finished request's cache")
             r.cache = None  # free the KV cache now (or leave it to the prefix store)

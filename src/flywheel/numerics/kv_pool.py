@@ -29,6 +29,7 @@ import threading
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from flywheel.numerics.attention import ATTN_TILE, decode_attention, key_span, round_up
 
@@ -119,21 +120,23 @@ class KVPool:
                 self.k = self.v = None
                 self._free = []
 
-    def decode_step(self, caches: list[PooledKVCache]) -> DecodeStep:
-        """The layout of one decode step over `caches` (each fed at position cache.length)."""
-        return DecodeStep(self, caches)
+    def decode_step(self, caches: list[PooledKVCache], exact_tiles: bool = True) -> DecodeStep:
+        """The layout of one decode step over `caches` (each fed at position cache.length). `exact_tiles`:
+        batch-invariant attention (`attend`); False: one masked SDPA call per layer (`attend_sdpa`)."""
+        return DecodeStep(self, caches, exact_tiles)
 
 
 class DecodeStep:
     """Rows of one decode step on a pool: slot range lo..hi, positions, the longest key span S."""
 
-    def __init__(self, pool: KVPool, caches: list[PooledKVCache]):
+    def __init__(self, pool: KVPool, caches: list[PooledKVCache], exact_tiles: bool = True):
         assert all(c.pool is pool for c in caches), "every cache of a decode step comes from this runner's pool"
         self.pool = pool
         slots = [c.slot for c in caches]
         positions = [c.length for c in caches]
         self.lo, self.hi = min(slots), max(slots) + 1
-        self.span = max(key_span(p) for p in positions)
+        # batch-invariant: whole key tiles; plain SDPA: exactly the keys of the longest row
+        self.span = max(key_span(p) for p in positions) if exact_tiles else max(positions) + 1
         assert self.span <= pool.capacity
         device = pool.device
         self.slots_t = torch.tensor(slots, device=device)
@@ -146,6 +149,9 @@ class DecodeStep:
         else:
             self.range_positions = torch.zeros(self.hi - self.lo, dtype=torch.long, device=device)
             self.range_positions[self.rows] = self.positions_t
+        # attend_sdpa's mask [hi - lo, 1, 1, span]: True where a key is at or before the row's position
+        self.visible = (None if exact_tiles else
+                        (torch.arange(self.span, device=device) <= self.range_positions[:, None])[:, None, None])
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Store k, v [B, KV, hd] at each row's position in `layer`, then attend q [B, H, hd] over the pool
@@ -157,4 +163,19 @@ class DecodeStep:
         if self.rows is not None:
             q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
         o = decode_attention(q, pk[lo:hi, :, :span], pv[lo:hi, :, :span], self.range_positions, scale)
+        return o if self.rows is None else o[self.rows]
+
+    def attend_sdpa(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """`attend` for the default (not batch-invariant) mode: one masked SDPA call over the pool's slot range
+        lo..hi and the longest row's keys, GQA without copies. q [B, H, hd] -> [B, H * hd]."""
+        assert self.visible is not None, "attend_sdpa needs a step made with exact_tiles=False"
+        pk, pv = self.pool.k[layer], self.pool.v[layer]  # [num_slots, KV, capacity, hd]
+        pk[self.slots_t, :, self.positions_t] = k
+        pv[self.slots_t, :, self.positions_t] = v
+        lo, hi, span = self.lo, self.hi, self.span
+        if self.rows is not None:
+            q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
+        o = F.scaled_dot_product_attention(q[:, :, None], pk[lo:hi, :, :span], pv[lo:hi, :, :span],
+                                           attn_mask=self.visible, scale=scale, enable_gqa=True)  # [B', H, 1, hd]
+        o = o.reshape(hi - lo, -1)
         return o if self.rows is None else o[self.rows]
