@@ -8,8 +8,9 @@ requests after a warm-up: (a) agent workload: 64 sessions (seeded prompt lengths
 10-256 forced with max_new_tokens and no stop) arriving together; engine wall time vs HF `generate()` on the
 same requests in static batches (left-padded, each batch waiting for its longest member) at each of several
 batch sizes, the best of which is the headline baseline; (b) raw decode tokens/s at batch 1, 8, 32 of the
-engine (default mode), HF `generate()` and a plain HF forward loop with its KV cache: wall time for N tokens
-minus wall time for 1 token (prefill excluded alike), the contenders interleaved per repeat so that load from
+engine (default mode), HF `generate()` and a plain HF forward loop with its KV cache: batch x (N - 1) tokens over
+the wall time of the N - 1 decode steps (generate() timed by a logits processor, the engine by its step log
+from the end of the prefill step; prefill excluded alike), the contenders interleaved per repeat so that load from
 other processes hits them alike, medians; (c) time to first token alone and under the workload, and the swap
 pause: ms between the end of the last decode step on the old weights and the start of the first on the new.
 """
@@ -22,8 +23,10 @@ import random
 import statistics
 import threading
 import time
+from typing import Any
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from flywheel.bench import _engines
 from flywheel.config import ModelConfig
@@ -31,7 +34,7 @@ from flywheel.inference.local import LocalEngine
 from flywheel.policy.model import build_model, num_parameters
 from flywheel.types import SamplingParams
 
-GREEDY = dict(temperature=0.0)
+GREEDY: dict[str, Any] = {"temperature": 0.0}
 
 
 def _requests(num, prompt_range, out_range, seed=0):
@@ -54,48 +57,71 @@ def _decode_prompts(batch, prompt_len):
 
 @torch.inference_mode()
 def _hf_forward_s(model, batch, prompt_len, num_tokens):
-    """Wall seconds of a plain HF forward loop (prefill, then greedy steps with its KV cache) to `num_tokens`."""
+    """(num_tokens - 1 decode steps, their wall seconds) of a plain HF forward loop with its KV cache."""
     ids = _decode_prompts(batch, prompt_len)
-    t0 = time.perf_counter()
     out = model(input_ids=ids, use_cache=True)
     past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    t0 = time.perf_counter()
     for _ in range(num_tokens - 1):
         out = model(input_ids=nxt, cache=past, use_cache=True)
         past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    return time.perf_counter() - t0
+    return num_tokens - 1, time.perf_counter() - t0
+
+
+class _StepClock(LogitsProcessor):
+    """Records when generate() reaches each token's logits (after the prefill, then after each decode step)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        return scores
 
 
 @torch.inference_mode()
 def _hf_generate_s(model, batch, prompt_len, num_tokens):
+    """(num_tokens - 1 decode steps, their wall seconds) of generate(): from the first token's logits to the last's."""
     ids = _decode_prompts(batch, prompt_len)
-    t0 = time.perf_counter()
+    clock = _StepClock()
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens,
-                         min_new_tokens=num_tokens, do_sample=False, pad_token_id=0)
-    assert out.shape[1] == prompt_len + num_tokens
-    return time.perf_counter() - t0
+                         min_new_tokens=num_tokens, do_sample=False, pad_token_id=0,
+                         logits_processor=LogitsProcessorList([clock]))
+    assert out.shape[1] == prompt_len + num_tokens and len(clock.times) == num_tokens
+    return num_tokens - 1, clock.times[-1] - clock.times[0]
 
 
 async def _engine_s(engine, batch, prompt_len, num_tokens):
+    """(decode steps, their wall seconds) of the engine over the whole batch: from the end of the step that
+    prefilled (and decoded once) the requests to the end of the last decode step, gaps between steps included."""
     ids = _decode_prompts(batch, prompt_len).tolist()
-    t0 = time.perf_counter()
-    gens = await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=num_tokens, **GREEDY))
-                                  for p in ids))
+    engine.step_log.clear()
+    engine.pause()  # queue the whole batch first, so that one step prefills all of it, as generate() does
+    tasks = [asyncio.create_task(engine.generate(p, SamplingParams(max_new_tokens=num_tokens, **GREEDY)))
+             for p in ids]
+    await asyncio.sleep(0)  # each task runs up to its wait for the result: all are queued
+    engine.resume()
+    gens = await asyncio.gather(*tasks)
     assert all(len(g.token_ids) == num_tokens for g in gens)
-    return time.perf_counter() - t0
+    log = list(engine.step_log)
+    assert log[0][4] == batch and all(s[3] == batch and s[4] == 0 for s in log[1:]), "not one batch throughout"
+    return len(log) - 1, log[-1][1] - log[0][1]
 
 
 async def _decode_rates(engine, model, batch, prompt_len, num_tokens, repeats) -> dict[str, float]:
-    """Decode tokens/s of the engine, HF generate() and the HF forward loop at `batch`: wall time of N tokens
-    minus wall time of 1 (prefill cancels), each contender warmed up, the three interleaved per repeat."""
+    """Decode tokens/s of the engine, HF generate() and the HF forward loop at `batch`: batch x (N - 1) tokens
+    over the wall time of the N - 1 decode steps (prefill excluded alike), each contender warmed up, the three
+    interleaved per repeat so that load from other processes hits them alike; medians."""
     timers = {"engine": lambda n: _engine_s(engine, batch, prompt_len, n),
               "hf_generate": lambda n: asyncio.to_thread(_hf_generate_s, model, batch, prompt_len, n),
               "hf_forward": lambda n: asyncio.to_thread(_hf_forward_s, model, batch, prompt_len, n)}
     for timer in timers.values():  # warm-up: first calls at a new shape pay allocations and kernel selection
-        await timer(2)
+        await timer(4)
     rates: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(repeats):
         for name, timer in timers.items():
-            rates[name].append(batch * (num_tokens - 1) / (await timer(num_tokens) - await timer(1)))
+            num_steps, wall_s = await timer(num_tokens)
+            rates[name].append(batch * num_steps / wall_s)
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
@@ -107,7 +133,7 @@ async def _swap_pause(engine, new_weights, prompt_len, num_tokens):
              for p in ids]
     while len(engine.step_log) < num_tokens // 4:
         await asyncio.sleep(0.001)
-    result = {}
+    result: dict[str, float] = {}
     thread = threading.Thread(target=lambda: result.update(ms=engine.update_weights(old + 1, new_weights)))
     thread.start()
     await asyncio.to_thread(thread.join)
@@ -124,18 +150,19 @@ def run(args) -> dict:
     if getattr(args, "engines", None):
         return _engines.run(args)
     quick = bool(getattr(args, "quick", False))
+    hf_batches: tuple[int, ...]
     if quick:
         num_sessions, prompt_range, out_range, hf_batches = 16, (20, 100), (5, 40), (4, 8, 16)
         decode_prompt, decode_tokens, repeats = 64, 12, 1
     else:
-        num_sessions, prompt_range, out_range, hf_batches = 64, (50, 500), (10, 256), (8, 16, 32, 64)
+        num_sessions, prompt_range, out_range, hf_batches = 64, (50, 500), (10, 256), (8, 16, 32)
         decode_prompt, decode_tokens, repeats = 128, 64, 3
     model = build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048)
     reqs = _requests(num_sessions, prompt_range, out_range)
     gen = torch.Generator().manual_seed(3)
     new_weights = {n: (p + 0.01 * torch.randn(p.shape, generator=gen)).contiguous()
                    for n, p in model.state_dict().items()}
-    result = {"config": {"preset": "small", "vocab_size": 2048, "num_parameters": num_parameters(model),
+    result: dict[str, Any] = {"config": {"preset": "small", "vocab_size": 2048, "num_parameters": num_parameters(model),
                          "num_sessions": num_sessions, "prompt_range": prompt_range, "out_range": out_range,
                          "hf_static_batches": hf_batches, "decode_prompt_len": decode_prompt,
                          "decode_tokens": decode_tokens, "repeats": repeats, "quick": quick,

@@ -26,15 +26,18 @@ cost of fp32 logits;
 free forward differ from the sampler's. `replay_expert_agreement` (experts the trainer forward actually
 used == the sampler's, with replay) must be 1.0. One torch thread (tiny models on a shared machine).
 
-Engine cost: modes are interleaved per repeat and each repeat is one whole workload; the cost is
-1 - median(mode tokens/s) / median(default tokens/s) from wall time, and also from process CPU time
-(`*_cpu`), which other processes' load on a shared machine disturbs much less.
+Engine cost: measured against the engine's default mode, which pads no rows (linears run on exactly the live
+rows) and attends over all rows in one SDPA call per layer, so the cost is all that batch invariance adds
+(rows padded to 16, fixed 64-key tiles, 8-row query blocks). Modes are interleaved per repeat and each repeat
+is one whole workload; the cost is 1 - median(mode tokens/s) / median(default tokens/s) from wall time, and
+also from process CPU time (`*_cpu`), which other processes' load on a shared machine disturbs much less.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import random
 import statistics
 import time
@@ -268,6 +271,7 @@ def run(args) -> dict:
     quick = bool(getattr(args, "quick", False))
     repeats = 1 if quick else 5
     threads = torch.get_num_threads()
+    load_start = os.getloadavg()
     torch.set_num_threads(1)
     try:
         presets = {p: _preset(p, quick, repeats) for p in ("tiny", "tiny-moe")}
@@ -313,5 +317,6 @@ def run(args) -> dict:
         "replay_trainer_cost_moe": moe["router_replay"]["trainer_cost"],
         "torch_threads": 1,
         "quick": quick,
+        "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
     }
     return {"summary": summary, "presets": presets}

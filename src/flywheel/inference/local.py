@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -59,7 +59,7 @@ class _Request:
     versions: list[int] = field(default_factory=list)
     routed: list[list[list[int]]] = field(default_factory=list)
     ttft_s: float = 0.0
-    finish_reason: str | None = None
+    finish_reason: Literal["stop", "length", "aborted"] | None = None
     kv_version: int = -1  # the weight version that wrote all of `cache`; -1 once versions are mixed
     num_reused: int = 0  # prompt positions taken from a known prefix instead of prefilled
 
@@ -268,7 +268,8 @@ class LocalEngine:
 
     def _admit(self) -> list[_Request]:
         """Pop pending requests that fit the batch and the prefill token budget (at least one)."""
-        admitted, budget = [], self.max_prefill_tokens
+        admitted: list[_Request] = []
+        budget = self.max_prefill_tokens
         while self._pending and len(self._running) + len(admitted) < self.max_batch_size:
             r = self._pending[0]
             if r.future.cancelled():
@@ -290,8 +291,10 @@ class LocalEngine:
                 r.cache.k[:, :, :n] = src.k[:, :, :n]
                 r.cache.v[:, :, :n] = src.v[:, :, :n]
                 r.cache.length = r.num_reused = n
-        logits, routed = (self.runner.prefill(r.prompt_ids, r.cache, start=r.num_reused) if r.num_reused
-                          else self.runner.prefill(r.prompt_ids, r.cache))
+        if r.num_reused and isinstance(self.runner, qwen3.Qwen3Runner):  # the prefix cache is native-only
+            logits, routed = self.runner.prefill(r.prompt_ids, r.cache, start=r.num_reused)
+        else:
+            logits, routed = self.runner.prefill(r.prompt_ids, r.cache)
         r.kv_version = version
         self._append(r, logits, None if routed is None else routed.tolist(), version)
         r.ttft_s = time.perf_counter() - r.t_submit
@@ -332,7 +335,8 @@ class LocalEngine:
             if r.finish_reason is None:
                 keep.append(r)
                 continue
-            if self.prefix_cache is not None and r.kv_version >= 0:  # kept for a later turn or group member
+            if (self.prefix_cache is not None and r.kv_version >= 0  # kept for a later turn or group member
+                    and isinstance(self.runner, qwen3.Qwen3Runner)):
                 try:  # a standalone copy: the store must not hold pool slots (numerics/qwen3.py `detach`)
                     self.prefix_cache.add(self._fed(r), self.runner.detach(r.cache), r.kv_version)
                 except Exception:  # noqa: BLE001 - a prefix not kept costs a prefill; a raise here would lose requests

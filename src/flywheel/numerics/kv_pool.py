@@ -46,11 +46,11 @@ class PooledKVCache:
 
     @property
     def k(self) -> torch.Tensor:
-        return self.pool.k[:, self.slot, :, :self.capacity]
+        return self.pool.storage()[0][:, self.slot, :, :self.capacity]
 
     @property
     def v(self) -> torch.Tensor:
-        return self.pool.v[:, self.slot, :, :self.capacity]
+        return self.pool.storage()[1][:, self.slot, :, :self.capacity]
 
     def release(self) -> None:
         """Give the slot back now (idempotent); the cache must not be used afterwards."""
@@ -93,9 +93,15 @@ class KVPool:
                 self._grow(cap)
             slot = heapq.heappop(self._free)
             self._num_live += 1
-            self.k[:, slot].zero_()
-            self.v[:, slot].zero_()
+            pk, pv = self.storage()
+            pk[:, slot].zero_()
+            pv[:, slot].zero_()
         return PooledKVCache(self, slot, cap)
+
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) [num_layers, num_slots, KV, capacity, hd]; only while a cache is live."""
+        assert self.k is not None and self.v is not None, "the pool holds no cache"
+        return self.k, self.v
 
     def _grow(self, cap: int) -> None:
         old_slots, old_cap = self.num_slots, self.capacity
@@ -105,7 +111,7 @@ class KVPool:
         shape = (self.num_layers, new_slots, *self.shape_tail[:1], new_cap, self.shape_tail[1])
         k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if self.k is not None:
+        if self.k is not None and self.v is not None:
             k[:, :old_slots, :, :old_cap] = self.k
             v[:, :old_slots, :, :old_cap] = self.v
         self.k, self.v = k, v
@@ -149,14 +155,19 @@ class DecodeStep:
         else:
             self.range_positions = torch.zeros(self.hi - self.lo, dtype=torch.long, device=device)
             self.range_positions[self.rows] = self.positions_t
-        # attend_sdpa's mask [hi - lo, 1, 1, span]: True where a key is at or before the row's position
-        self.visible = (None if exact_tiles else
-                        (torch.arange(self.span, device=device) <= self.range_positions[:, None])[:, None, None])
+        # attend_sdpa's additive mask [hi - lo, 1, 1, span]: -inf on keys after the row's position (built once
+        # per step: a boolean mask would be converted to this by every layer's SDPA call)
+        self.mask = None
+        if not exact_tiles:
+            future = torch.arange(self.span, device=device) > self.range_positions[:, None]
+            self.mask = torch.zeros(future.shape, dtype=pool.dtype, device=device).masked_fill_(future, float("-inf"))
+            self.mask = self.mask[:, None, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Store k, v [B, KV, hd] at each row's position in `layer`, then attend q [B, H, hd] over the pool
         in place. Returns [B, H * hd]."""
-        pk, pv = self.pool.k[layer], self.pool.v[layer]  # [num_slots, KV, capacity, hd]
+        pool_k, pool_v = self.pool.storage()
+        pk, pv = pool_k[layer], pool_v[layer]  # [num_slots, KV, capacity, hd]
         pk[self.slots_t, :, self.positions_t] = k
         pv[self.slots_t, :, self.positions_t] = v
         lo, hi, span = self.lo, self.hi, self.span
@@ -168,14 +179,15 @@ class DecodeStep:
     def attend_sdpa(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """`attend` for the default (not batch-invariant) mode: one masked SDPA call over the pool's slot range
         lo..hi and the longest row's keys, GQA without copies. q [B, H, hd] -> [B, H * hd]."""
-        assert self.visible is not None, "attend_sdpa needs a step made with exact_tiles=False"
-        pk, pv = self.pool.k[layer], self.pool.v[layer]  # [num_slots, KV, capacity, hd]
+        assert self.mask is not None, "attend_sdpa needs a step made with exact_tiles=False"
+        pool_k, pool_v = self.pool.storage()
+        pk, pv = pool_k[layer], pool_v[layer]  # [num_slots, KV, capacity, hd]
         pk[self.slots_t, :, self.positions_t] = k
         pv[self.slots_t, :, self.positions_t] = v
         lo, hi, span = self.lo, self.hi, self.span
         if self.rows is not None:
             q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
         o = F.scaled_dot_product_attention(q[:, :, None], pk[lo:hi, :, :span], pv[lo:hi, :, :span],
-                                           attn_mask=self.visible, scale=scale, enable_gqa=True)  # [B', H, 1, hd]
+                                           attn_mask=self.mask, scale=scale, enable_gqa=True)  # [B', H, 1, hd]
         o = o.reshape(hi - lo, -1)
         return o if self.rows is None else o[self.rows]
