@@ -118,7 +118,7 @@ def _codec_figures(old: np.ndarray, new: np.ndarray, chunk_bytes: int, zipnn_obj
         blobs = encode_tensor(new, old, chunk_bytes, 3)
         enc_s, enc_cpu_s = min(enc_s, time.perf_counter() - t0), min(enc_cpu_s, time.thread_time() - c0)
         t0, c0 = time.perf_counter(), time.thread_time()
-        out = decode_tensor(blobs, old, new.shape[0], 2, chunk_bytes // 2)
+        out = decode_tensor(blobs, old, new.shape[0], new.dtype.itemsize, chunk_bytes // new.dtype.itemsize)
         dec_s, dec_cpu_s = min(dec_s, time.perf_counter() - t0), min(dec_cpu_s, time.thread_time() - c0)
     nbytes = sum(len(b) for b in blobs)
     changed = int(np.count_nonzero(new != old))
