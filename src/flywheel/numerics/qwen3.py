@@ -1,29 +1,29 @@
-"""A native forward for the Qwen3 family (dense and MoE) with per-sequence KV caches.
+"""A native forward for the Qwen3 family (dense and MoE) over a pooled KV cache.
 
     runner = Qwen3Runner(model, max_seq_len=2048)
     cache = runner.new_cache(capacity=600)
     logits_v, routed = runner.prefill(prompt_ids, cache)            # logits of the last prompt position
     logits_bv, routed = runner.decode(last_tokens, [cache_a, ...])  # one token for every running sequence
 
-Why not the HF forward: on a CPU the engine's speed comes from never computing padding or finished
-sequences and from few Python calls per step. Each sequence owns a preallocated cache
-[num_layers, num_kv_heads, capacity, head_dim]; linears run batched over the live rows only and
-attention runs per row over exactly that row's length.
+Why not the HF forward: on a CPU the engine's speed comes from never computing finished sequences or
+prompt padding and from few Python calls per step. Each sequence's cache is a slot of one pool
+(`numerics/kv_pool.py`: k, v [num_layers, num_slots, KV, capacity, hd]); linears run batched over the live
+rows only, and a decode step attends over all its rows in place, one SDPA call per layer with a mask of each
+row's length (GQA without copies, no per-row loop, no cache copied).
 
 Why it reads the HF module's own parameters on every call: `update_weights` swaps parameter `.data`
 pointers, and the runner sees the new weights at the next call with nothing to rebuild.
 
-Batch invariance (greedy batched decoding == decoding alone, bit for bit): the result of a row must not
-depend on which other rows share the step. Attention is per row, so only the matmuls matter; MKL picks
-different kernels (different reduction orders) for small row counts (M = 1, 2, 3, 5, 7, 9 all differ
-from M >= 8 on an AMD EPYC; on an Intel Xeon with AVX-512, M = 8 differs from every larger multiple of 8), so
-every linear pads its rows up to a multiple of `ROW_TILE` = 16.
+Default mode is not batch-invariant: a row's result may differ in the last bits between decoding alone and
+in a batch (MKL picks other kernels for small row counts, and the batched SDPA reduces over the longest
+row's keys); log-probs agree within float32 rounding. `pad_rows=True` pads every linear's rows to a
+multiple of `ROW_TILE` = 16 (M = 1, 2, 3, 5, 7, 9 differ from M >= 8 on an AMD EPYC; on an Intel Xeon with
+AVX-512, M = 8 differs from every larger multiple of 8).
 
-`batch_invariant=True` (numerics.batch_invariant) goes further: attention is computed the same way in
-prefill and decode and in the trainer (`flywheel.numerics.attention`: fixed key spans, 8-row query blocks),
-so a token's log-prob is bit-identical whether it came from a prefill, a decode step in any batch, or the
-trainer's forward (`flywheel.numerics.batch_invariant`). Caches are then slots of one zero-filled pool
-(`flywheel.numerics.kv_pool`) and a decode step attends over the pool in place, all rows in one batch.
+`batch_invariant=True` (numerics.batch_invariant) makes a token's log-prob bit-identical whether it came from
+a prefill, a decode step in any batch, or the trainer's forward (`flywheel.numerics.batch_invariant`): rows
+padded to ROW_TILE, and attention computed the same way in prefill, decode and the trainer
+(`flywheel.numerics.attention`: fixed 64-key tiles, 8-row query blocks), over the pool in place.
 """
 
 from __future__ import annotations
