@@ -8,8 +8,10 @@ Why a thread: torch forward calls block, so a dedicated decode thread owns the m
 requests; the event loop stays free for the agent sessions and results come back through futures
 resolved with `loop.call_soon_threadsafe`. Between decode steps new requests are prefilled (within a
 `max_prefill_tokens` budget) and join the running batch; finished ones leave. Qwen3 / Qwen3-MoE use the
-native runner (numerics/qwen3.py: no padding, per-sequence KV caches, batch-invariant matmuls); other
-architectures use the HF forward one sequence at a time (inference/hf_runner.py).
+native runner (numerics/qwen3.py: no padding, KV caches in one pool, one attention call per layer for the
+whole batch); other architectures use the HF forward one sequence at a time (inference/hf_runner.py).
+A prefix kept for reuse is copied out of the pool (`Qwen3Runner.detach`) so that the pool holds only
+running requests.
 
 Prompt prefixes already computed (a session's earlier turns, a group's shared prompt) are reused instead of
 prefilled again (`inference/prefix_cache.py`, `prefix_cache_mb`; not in batch-invariant mode).
