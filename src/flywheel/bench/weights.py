@@ -1,4 +1,4 @@
-"""Weight-sync benchmark: `flywheel bench weights --out FILE [--quick]`.
+"""Weight-sync benchmark: `flywheel bench weights --out FILE [--quick] [--base runs/demo/base_model]`.
 
 Codec, on the weights an engine really receives: every version the trainer publishes in two short RL runs
 of the demo config (`configs/demo.toml`: its tasks and mid-trained base, built and cached by
@@ -79,15 +79,17 @@ class _UpTo:
         return self.store.get_chunk(cid)
 
 
-def rl_checkpoints(quick: bool, lr: float | None, num_steps: int) -> list[dict[str, torch.Tensor]]:
+def rl_checkpoints(quick: bool, lr: float | None, num_steps: int,
+                   base_dir: str | None = None) -> list[dict[str, torch.Tensor]]:
     """Every version the trainer published in `num_steps` asynchronous RL steps of the demo config at `lr`
-    (None: the demo's own), from the demo's mid-trained base, read back from the run's weight store."""
+    (None: the demo's own), from the demo's mid-trained base (`base_dir`, e.g. a demo run's base_model, or
+    built and cached by bench/pipeline.py), read back from the run's weight store."""
     from flywheel.bench.pipeline import base_policy, bench_config, bench_root
     from flywheel.orchestrator.loop import run_rl
     from flywheel.weights.store import WeightStore
     from flywheel.weights.sync import Subscriber
 
-    _, base, tokenizer_dir, _, train, _ = base_policy(quick)
+    _, base, tokenizer_dir, _, train, _ = base_policy(quick, base_dir)
     run_dir = bench_root(quick) / f"weights-lr{'demo' if lr is None else f'{lr:g}'}"
     shutil.rmtree(run_dir, ignore_errors=True)
     settings = ["--weights.keep_versions", "1000"] + ([] if lr is None else ["--trainer.lr", str(lr)])
@@ -149,13 +151,13 @@ def _zipnn(dtype: str) -> Any:
     return zipnn.ZipNN(bytearray_dtype=dtype, threads=1)
 
 
-def codec_bench(quick: bool) -> dict:
+def codec_bench(quick: bool, base_dir: str | None = None) -> dict:
     num_steps = 4 if quick else 8
     threads = torch.get_num_threads()
     results: dict[str, Any] = {}
     for run_name, lr in (("demo_rl", None), ("lr1e-6", 1e-6)):
         torch.set_num_threads(threads)
-        snaps = rl_checkpoints(quick, lr, num_steps)
+        snaps = rl_checkpoints(quick, lr, num_steps, base_dir)
         for dtype in ("float32", "bfloat16"):
             flat = [_flat({k: v.to(getattr(torch, dtype)) for k, v in s.items()}) for s in snaps]
             zobj = _zipnn(dtype)
@@ -257,7 +259,7 @@ def e2e_bench(snaps: list[dict[str, torch.Tensor]], num_subs: int, preset: str, 
 def run(args: Any) -> dict:
     quick = bool(getattr(args, "quick", False))
     load_start = os.getloadavg()
-    codec = codec_bench(quick)
+    codec = codec_bench(quick, getattr(args, "base", None))
     preset = "tiny" if quick else "small"
     snaps = make_checkpoints(1e-6, num_warmup=3, num_versions=4, preset=preset)
     e2e = {n: e2e_bench(snaps, n, preset, bandwidth_mbps=100.0) for n in ([1, 2] if quick else [1, 4, 16])}
