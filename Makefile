@@ -41,13 +41,18 @@ $(RUNTIME): pyproject.toml Makefile
 		echo "note: bubblewrap not installed; sandboxes fall back to 'local'")
 	touch $(RUNTIME)
 
-# The tests add pytest, hypothesis, Ray, Playwright and the other extras of `dev`, and Debian's chromium for the
-# dashboard's browser tests (Playwright drives that binary; it never downloads a browser).
+# The tests add pytest, hypothesis, Ray, Playwright and the other extras of `dev`, Debian's chromium for the
+# dashboard's browser tests (Playwright drives that binary; it never downloads a browser) and Debian's PostgreSQL
+# for tasks with a database service (sandbox/services.py starts its own server per session; the cluster the
+# package creates is not used).
 $(STAMP): $(RUNTIME)
 	$(PY) -m pip install -q -e ".[dev]"
 	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: chromium not installed; the dashboard's browser tests (-m browser) need it: apt-get install chromium")
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || \
+		echo "note: PostgreSQL not installed; tasks with a postgres service (tests/unit/test_services.py) need it: apt-get install postgresql")
 	touch $(STAMP)
 
 setup: $(STAMP)

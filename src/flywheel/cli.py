@@ -15,15 +15,16 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from types import ModuleType
 
 from flywheel import commands
 from flywheel.config import ConfigError
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     parser = argparse.ArgumentParser(prog="flywheel", description="Asynchronous RL for agentic coding models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    modules: dict[str, object] = {}
+    modules: dict[str, ModuleType] = {}
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue

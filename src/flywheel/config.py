@@ -34,7 +34,7 @@ class ModelConfig(Section):
     preset: Literal["tiny", "small", "tiny-moe"] | None = Field(
         "tiny", description="built-in architecture with random init; ignored when `path` is set")
     num_layers: int = Field(0, ge=0, le=1024, description="decoder layers of the preset; 0 = the preset's own depth "
-                            "(the demo runs a 2-layer `tiny`: docs/benchmarks.md, \"The demo\")")
+                            "(the demo runs a 2-layer `tiny`: docs/training.md)")
     path: str | None = Field(None, description="local HF checkpoint directory (safetensors); overrides `preset`")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype on load")
     max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="context length in tokens")
@@ -147,6 +147,31 @@ class EnvConfig(Section):
         "all", description="tools offered: all seven, or 'core' (view, str_replace, run_tests, submit) for tiny models")
     system_prompt: Literal["compact", "full"] = Field(
         "compact", description="'compact' (a few tokens, for tiny models) or 'full' (tool guidance, for real models)")
+    remote_url: list[str] = Field(default_factory=list, description="env-server URLs (`flywheel env-server`, "
+                                  "http://host:port): rollout sessions run there instead of in this process, "
+                                  "round-robin; a session that fails on one is retried on the next (a string is one "
+                                  "URL); empty = local; the server's own env config decides limits and reward")
+    remote_token_env: str = Field("FLYWHEEL_ENV_TOKEN", min_length=1, description="name of the environment variable "
+                                  "holding the env-server's token (the token itself never goes in a config file)")
+    remote_timeout_s: float = Field(30.0, gt=0, le=3600, description="seconds an env-server request may take beyond "
+                                    "the work it bounds (command_timeout_s per tool call, grade_timeout_s); past it "
+                                    "the session is an environment failure, never a reward")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_url(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("remote_url"), str):
+            url = data["remote_url"]
+            data = {**data, "remote_url": [url] if url else []}
+        return data
+
+    @model_validator(mode="after")
+    def _check_urls(self) -> EnvConfig:
+        for url in self.remote_url:
+            if not url.startswith(("http://", "https://")) or len(url) < 10:
+                raise ValueError(f"env.remote_url entry {url!r} must be an http(s)://host:port URL of a "
+                                 "`flywheel env-server`")
+        return self
 
 
 class RolloutConfig(Section):
@@ -246,6 +271,27 @@ class WeightsConfig(Section):
     relay_streams: int = Field(8, ge=1, le=1024, description="parallel chunk fetches per subscriber")
 
 
+class RayConfig(Section):
+    """The Ray backend (`orchestrator.backend = "ray"`, docs/ray.md): the cluster, what each actor reserves, graders
+    and regions."""
+
+    address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
+    engine_num_cpus: float = Field(1.0, ge=0, le=1024, description="CPUs reserved per engine actor")
+    engine_num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs reserved per engine actor")
+    trainer_num_cpus: float = Field(1.0, ge=0, le=1024, description="CPUs reserved for the trainer actor")
+    trainer_num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs reserved for the trainer actor")
+    trainer_max_restarts: int = Field(3, ge=0, le=1000, description="restarts of a dead trainer actor "
+                    "(each resumes from the newest checkpoint)")
+    max_group_attempts: int = Field(3, ge=1, le=100, description="engines a group may be tried on "
+                    "before it is dropped (counted in rollout/lost_groups)")
+    num_graders: int = Field(0, ge=0, le=10_000, description="grader actors that run the hidden tests "
+                    "(engines send them the agent's changes); 0 = grade inside each engine actor")
+    grader_num_cpus: float = Field(1.0, ge=0, le=1024, description="CPUs reserved per grader actor")
+    grader_concurrency: int = Field(4, ge=1, le=1024, description="gradings one grader actor runs at once")
+    regions: list[str] = Field(default_factory=list, description="region label of engine n is "
+                    "regions[n % len]; each region pulls weights through its own relay; [] = one region")
+
+
 class OrchestratorConfig(Section):
     """The loop: backend, sync/async mode, bounded staleness, pool size."""
 
@@ -266,21 +312,18 @@ class OrchestratorConfig(Section):
     start_timeout_s: float = Field(300.0, gt=0, le=86_400, description="seconds the inference engines (local "
                                    "processes or Ray actors) may take to start: load the model, build the "
                                    "sandbox root, warm up; raise it on a busy machine")
-    ray_address: str | None = Field(None, description="existing Ray cluster address; None starts a local one")
-    ray_engine_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved per engine actor")
-    ray_engine_num_gpus: float = Field(0.0, ge=0, le=64, description="Ray: GPUs reserved per engine actor")
-    ray_trainer_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved for the trainer actor")
-    ray_trainer_num_gpus: float = Field(0.0, ge=0, le=64, description="Ray: GPUs reserved for the trainer actor")
-    ray_trainer_max_restarts: int = Field(3, ge=0, le=1000, description="Ray: restarts of a dead trainer actor "
-                                          "(each resumes from the newest checkpoint)")
-    ray_max_group_attempts: int = Field(3, ge=1, le=100, description="Ray: engines a group may be tried on "
-                                        "before it is dropped (counted in rollout/lost_groups)")
-    ray_num_graders: int = Field(0, ge=0, le=10_000, description="Ray: grader actors that run the hidden tests "
-                                 "(engines send them the agent's changes); 0 = grade inside each engine actor")
-    ray_grader_num_cpus: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs reserved per grader actor")
-    ray_grader_concurrency: int = Field(4, ge=1, le=1024, description="Ray: gradings one grader actor runs at once")
-    regions: list[str] = Field(default_factory=list, description="Ray: region label of engine n is "
-                               "regions[n % len]; each region pulls weights through its own relay; [] = one region")
+    ray: RayConfig = Field(default_factory=RayConfig, description="the Ray backend's keys ([orchestrator.ray])")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_ray_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            moved = [k for k in data if k.startswith("ray_") or k == "regions"]
+            if moved:
+                new = ", ".join(f"orchestrator.ray.{k.removeprefix('ray_')}" for k in moved)
+                raise ValueError(f"{', '.join(f'orchestrator.{k}' for k in moved)} moved to {new} "
+                                 "(a [orchestrator.ray] table in TOML)")
+        return data
 
 
 class SynthConfig(Section):
@@ -513,7 +556,7 @@ def reference_markdown() -> str:
                       if getattr(m, k, None) is not None]
             typ = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
             desc = (f.description or "") + (f" ({', '.join(bounds)})" if bounds else "")
-            default = f.default if f.default_factory is None else f.default_factory()
+            default = f.get_default(call_default_factory=True)
             lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
         lines.append("")
         if title != "(top level)":  # nested sections (trainer.mesh) follow their parent

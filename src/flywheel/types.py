@@ -94,6 +94,9 @@ class Task:
     limits: TaskLimits = field(default_factory=TaskLimits)
     solution: dict[str, str] | None = None  # known fix (files), for oracle tests and mid-training data
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. split, difficulty, mutation kind
+    # services started in the task's network namespace for the session and its grading (sandbox/services.py),
+    # e.g. [{"kind": "postgres", "database": "app"}]
+    services: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +131,13 @@ class Trajectory:
     env_failure: str | None = None  # set when the session broke outside the policy
     timings: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def graded(self) -> Reward:
+        """The reward, for code that runs after grading (the buffer, the trainer, the metrics)."""
+        if self.reward is None:
+            raise ValueError(f"trajectory of task {self.task_id!r} (group {self.group_id}) has not been graded")
+        return self.reward
 
     @property
     def min_version(self) -> int:

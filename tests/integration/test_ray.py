@@ -56,7 +56,7 @@ def _config(run_dir: Path, extra: list[str]):
     return load_config("configs/demo.toml", [
         "--run_dir", str(run_dir), "--name", run_dir.name, "--env.tools", "core", "--env.sandbox", "local",
         "--orchestrator.backend", "ray", "--orchestrator.drop_uniform_groups", "false",
-        "--orchestrator.ray_engine_num_cpus", "0.5", "--orchestrator.ray_trainer_num_cpus", "0.5",
+        "--orchestrator.ray.engine_num_cpus", "0.5", "--orchestrator.ray.trainer_num_cpus", "0.5",
         "--trainer.batch_size", "8", "--rollout.group_size", "4", "--rollout.concurrency", "8",
         "--rollout.max_turns", "2", "--rollout.max_new_tokens", "32", "--trainer.num_steps", "3",
         "--trainer.checkpoint_every", "1", "--tokenizer.corpus_bytes", "200000"] + extra)
@@ -98,8 +98,8 @@ def test_grader_actors_grade_and_a_killed_grader_loses_no_group(cluster, base, t
     run_dir = tmp_path / "graders"
     # test_unsubmitted: the demo config requires submit, and the tests of a session that did not submit are
     # otherwise skipped in the engine (no grader involved); here every session goes to a grader actor
-    cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--orchestrator.ray_num_graders", "2",
-                            "--orchestrator.ray_grader_num_cpus", "0.5", "--trainer.num_steps", "5",
+    cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--orchestrator.ray.num_graders", "2",
+                            "--orchestrator.ray.grader_num_cpus", "0.5", "--trainer.num_steps", "5",
                             "--env.test_unsubmitted", "true"])
     killed = []
 
@@ -128,7 +128,7 @@ def test_engine_added_mid_run_serves_current_version_via_its_region_relay(cluste
 
     run_dir = tmp_path / "add-engine"
     # 6 steps: a new actor needs ~20-30 s to import torch and load the model on a busy 2-core machine
-    cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--orchestrator.regions", '["us"]',
+    cfg = _config(run_dir, ["--orchestrator.num_engines", "1", "--orchestrator.ray.regions", '["us"]',
                             "--trainer.num_steps", "6"])
     added_at, joined = [], []
 

@@ -80,3 +80,10 @@ def test_config_reference_doc_is_current():
 
     assert (ROOT / "docs" / "config.md").read_text().strip() == reference_markdown().strip(), \
         "regenerate with: python -m flywheel.config > docs/config.md"
+
+
+def test_a_ray_key_from_before_the_ray_table_names_its_new_place():
+    with pytest.raises(ConfigError, match=r"orchestrator\.ray_num_graders moved to orchestrator\.ray\.num_graders"):
+        load_config(None, ["--orchestrator.ray_num_graders", "2"])
+    cfg = load_config(None, ["--orchestrator.ray.num_graders", "2", "--orchestrator.ray.regions", '["us", "eu"]'])
+    assert cfg.orchestrator.ray.num_graders == 2 and cfg.orchestrator.ray.regions == ["us", "eu"]

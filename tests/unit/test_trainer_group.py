@@ -15,7 +15,7 @@ from sharded_ranks import batches, model  # noqa: E402
 
 from flywheel.config import FlywheelConfig  # noqa: E402
 from flywheel.orchestrator.trainer_group import TorchrunTrainer  # noqa: E402
-from flywheel.orchestrator.trainer_service import build_trainer  # noqa: E402
+from flywheel.orchestrator.trainers import build_trainer  # noqa: E402
 from flywheel.policy.model import load_model, save_model  # noqa: E402
 from flywheel.weights.store import WeightStore  # noqa: E402
 from flywheel.weights.sync import Subscriber  # noqa: E402

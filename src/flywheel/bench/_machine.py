@@ -45,4 +45,9 @@ def provenance() -> dict:
 
     return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["flywheel", *sys.argv[1:]])}
+            "command": " ".join(["flywheel", *sys.argv[1:]]), "load_average_start": load_average()}
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15-minute load averages: how busy the machine was (2 cores here: above 2 is contention)."""
+    return [round(x, 2) for x in os.getloadavg()]

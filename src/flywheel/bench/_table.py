@@ -37,6 +37,13 @@ def _target_of(stem: str, targets: list[str]) -> str:
     return max(found, key=len) if found else stem
 
 
+def _load(prov: dict) -> str:
+    start, end = prov.get("load_average_start"), prov.get("load_average_end")
+    if not start:
+        return ""
+    return f", load average {start[0]:g} at the start" + (f" and {end[0]:g} at the end" if end else "")
+
+
 def _what(target: str) -> str:
     try:
         doc = importlib.import_module(f"flywheel.bench.{target}").__doc__ or ""
@@ -69,7 +76,7 @@ def render(results_dir: Path, targets: list[str]) -> str:
             cores = f", {machine['cpu_count']} cores" if machine.get("cpu_count") else ""
             commit = (prov.get("commit") or "")[:10]
             where = (f"commit `{commit}`{' (uncommitted changes)' if prov.get('dirty') else ''}, {prov.get('date', '')}, "
-                     f"`{prov.get('command', '')}`" if commit else "commit and command not recorded (written before "
+                     f"`{prov.get('command', '')}`{_load(prov)}" if commit else "commit and command not recorded (written before "
                      "`flywheel bench` recorded them)")
             out += [f"**`{path.name}`** — {cpu}{cores}; {where}.", ""]
             summary = data.get("summary") or {}
@@ -90,4 +97,4 @@ def update(doc: Path, block: str) -> str:
     if BEGIN not in text or END not in text:
         raise ValueError(f"{doc} has no generated block: put the lines {BEGIN!r} and {END!r} where it goes")
     head, rest = text.split(BEGIN, 1)
-    return head + block + rest.split(END, 1)[1]
+    return head + block + rest.split(END, 1)[1].removeprefix("\n")  # the block ends with its own newline

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from flywheel.config import EnvConfig
 from flywheel.envs.reward import FLAGS, grade
@@ -53,7 +54,7 @@ def _played_official(record: dict, cfg: EnvConfig, cache: Path) -> Played:
     task = parse_humaneval(record)
     ws = Path(tempfile.mkdtemp(prefix="flywheel-redteam-"))
     shutil.copytree(task_base_dir(task, cache), ws / "ws")
-    (ws / "ws" / "solution.py").write_text(task.solution["solution.py"], encoding="utf-8")
+    (ws / "ws" / "solution.py").write_text((task.solution or {})["solution.py"], encoding="utf-8")
     t0 = time.perf_counter()
     reward = grade(task, ws / "ws", cfg)
     return Played(humaneval_target(record), reward, time.perf_counter() - t0, ws, [])
@@ -66,7 +67,7 @@ def run(args) -> dict:
     cache = root / "cache"
     try:
         targets = build_targets(root)
-        attack_rows = []
+        attack_rows: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         for attack in ATTACKS:
             for kind in attack.kinds:
@@ -80,12 +81,14 @@ def run(args) -> dict:
                                             for name, t, calls in legit_cases(legit_targets)]
         for record in ([] if quick else official_humaneval()):
             played.append(("official_canonical", _played_official(record, cfg, cache)))
-        legit_rows = [{"variant": name, "kind": p.target.kind, "task": p.target.task.id, "reward": p.reward.value,
-                       "flags": p.reward.flags} for name, p in played]
+        legit_rows: list[dict[str, Any]] = [
+            {"variant": name, "kind": p.target.kind, "task": p.target.task.id, "reward": p.reward.value,
+             "flags": p.reward.flags} for name, p in played]
         official = [p for name, p in played if name == "official_canonical"]
         overhead = _overhead([p for name, p in played if name != "official_canonical"] + official[:OVERHEAD_OFFICIAL], cfg)
         for _, p in played:
-            shutil.rmtree(p.workspace, ignore_errors=True)
+            if p.workspace is not None:
+                shutil.rmtree(p.workspace, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     flag_counts = Counter(f for row in legit_rows for f in row["flags"])

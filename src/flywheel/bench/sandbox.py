@@ -34,6 +34,7 @@ from pathlib import Path
 
 from flywheel.sandbox.sandbox import SandboxLimits, bwrap_available, create_sandbox, describe_host, flush_closed
 from flywheel.sandbox.workspace import Workspace, materialize_base
+from flywheel.tasks.synth import generate_tasks
 
 NUM_FILES = 2000
 TOTAL_MB = 50
@@ -129,15 +130,13 @@ def _grading(num_tasks: int, num_threads: int) -> dict[str, object]:
 def _runner(num_runs: int, kind: str) -> dict[str, object]:
     """`python runtests.py -q --junitxml=...` (tasks/minitest.py, what grading and `run_tests` run) on a synthetic
     task, failing and fixed, in one sandbox; interleaved with `python -c pass`, the interpreter's floor."""
-    from flywheel.tasks.synth import generate_tasks
-
     task = generate_tasks(1, seed=0)[0]
     cmds = {"failing": "python runtests.py -q --junitxml=/tmp/r.xml", "floor": "python -c pass"}
     times: dict[str, list[float]] = {"failing": [], "passing": [], "floor": []}
     tmp = Path(tempfile.mkdtemp(prefix="flywheel-bench-runner-"))
     try:
         for fixed in (False, True):
-            base = materialize_base({**task.files, **(task.solution if fixed else {})}, tmp / f"base{fixed}")
+            base = materialize_base({**task.files, **((task.solution or {}) if fixed else {})}, tmp / f"base{fixed}")
             with create_sandbox(base, SandboxLimits(), kind=kind) as sb:
                 for _ in range(num_runs):
                     for name, cmd in cmds.items():
@@ -197,7 +196,7 @@ def run(args) -> dict:
         result["burst"] = {k: _burst(base, limits, k, num_burst, num_threads) for k in kinds}
         if "bwrap" in kinds:  # the floor: bare bwrap processes (no workspace, namespaces or limits)
             # in a session of its own like the sandboxes (a session is a scheduler autogroup: on a busy
-            # machine that alone doubles a burst's share of the CPU), and as the first session measured it
+            # machine that alone doubles a burst's share of the CPU), and in the caller's session
             result["baseline_bare_bwrap_burst_per_s"] = _bare_burst(num_burst, num_threads, new_session=True)
             result["baseline_bare_bwrap_same_session_burst_per_s"] = _bare_burst(num_burst, num_threads, False)
         # the same burst with one thread per sandbox: all of them really started at the same moment

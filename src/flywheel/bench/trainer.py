@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -71,12 +72,13 @@ def rank_main(world_size: int, quick: bool, out_dir: Path) -> None:
     torch.set_num_threads(1)
     s = settings(quick)
     cfg = TrainerConfig(world_size=world_size, lr=1e-5, micro_batch_tokens=s["micro_batch_tokens"])
-    model = build_model(ModelConfig(preset=s["preset"], num_layers=s["num_layers"]), vocab_size=VOCAB)
+    model: torch.nn.Module = build_model(ModelConfig(preset=s["preset"], num_layers=s["num_layers"]), vocab_size=VOCAB)
     group = init_group(cfg) if world_size > 1 else None
     if group is not None:
         model = shard_model(model, group, cfg)
     trainer = Trainer(model, cfg, group=group)
-    times, tokens = [], 0
+    times: list[float] = []
+    tokens = 0.0
     for step in range(s["num_steps"] + 1):
         m = trainer.step(make_batch(s, step))
         if step:
@@ -114,7 +116,7 @@ def _publish_figures(trainer: Trainer, group, s: dict, out_dir: Path) -> dict:
             group.barrier()
             t_sharded = time.perf_counter() - t0
             t0 = time.perf_counter()
-            full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True,
+            full: dict[str, Any] = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True,
                                                                                  cpu_offload=True))
             if plain is not None:
                 plain.publish(version, full)

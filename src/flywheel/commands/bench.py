@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from flywheel.bench._machine import machine_info, provenance
+    from flywheel.bench._machine import load_average, machine_info, provenance
 
     if args.target == "table":
         from flywheel.bench._table import render, update
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     result = mod.run(args)
     result.setdefault("machine", machine_info())
     result.setdefault("provenance", started)
+    result["provenance"].setdefault("load_average_end", load_average())
     out = Path(args.out or f"benchmarks/results/{args.target}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     a = sub.add_parser("add", help="start engines that join at the newest weights")
     a.add_argument("run_dir", help="the run directory of a running `flywheel train` with backend = 'ray'")
-    a.add_argument("--region", default=None, help="region label (default: the first of orchestrator.regions)")
+    a.add_argument("--region", default=None, help="region label (default: the first of orchestrator.ray.regions)")
     a.add_argument("--num-engines", type=int, default=1, help="engines to add")
     r = sub.add_parser("remove", help="take an engine out (drains its in-flight groups first)")
     r.add_argument("run_dir")

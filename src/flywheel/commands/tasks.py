@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"flywheel tasks check: {err}")
         return 2
-    for err in load.errors:
-        print(f"broken: {err}")
+    for problem in load.errors:
+        print(f"broken: {problem}")
     print(f"{len(load.tasks)} tasks loaded, {len(load.errors)} broken")
     wrong = _grade_solutions(load.tasks) if args.grade else 0
     return 1 if load.errors or wrong else 0

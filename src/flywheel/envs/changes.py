@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flywheel.config import EnvConfig
-from flywheel.envs.reward import SKIP_DIRS  # what reward.grade's copy leaves out: skipped here too
+from flywheel.envs.reward import (
+    SKIP_DIRS,  # what reward.grade's copy leaves out: skipped here too
+    grade,
+)
+from flywheel.tasks.loaders import task_base_dir
 from flywheel.types import Reward, Task
 
 
@@ -174,9 +178,6 @@ class RebuildGrader:
         self.kind = kind if kind != "auto" else cfg.sandbox
 
     def grade(self, task: Task, changes: Changes, tool_log: list[dict]) -> Reward:
-        from flywheel.envs.reward import grade
-        from flywheel.tasks.loaders import task_base_dir
-
         base = task_base_dir(task, self.cache_dir)
         tmp = Path(tempfile.mkdtemp(prefix="flywheel-rebuild-"))
         try:

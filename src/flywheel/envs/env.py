@@ -12,6 +12,8 @@ it through `asyncio.to_thread`, so one slow test run never stalls the event loop
 A task's base workspace is materialised once per task (`task_base_dir`, cached under `cache_dir`) and each
 `reset` gets a private copy-on-write sandbox over it. A malformed tool call (`ToolCallError`) becomes an
 error observation and the session goes on; only `submit` ends it (the agent loop adds turn/token limits).
+A task's `services` (a database: `sandbox/services.py`) start at `reset` in a network namespace of the session's
+own, where its commands and the hidden tests run too, and stop at `close`; such a task always grades here.
 Grading runs `reward.grade` on the sandbox's workspace in this process unless a `grader` is given; then only
 the agent's changes (`envs/changes.py`) and the tool log are handed to it (the Ray backend's
 grader actors rebuild the workspace from the task and grade it there, with the same result).
@@ -24,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.config import EnvConfig
+from flywheel.envs.changes import call_grader, capture_changes
+from flywheel.envs.judge import combine
+from flywheel.envs.reward import grade, unsubmitted, workspace_diff
 from flywheel.envs.tools import Harness, tools_for
+from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.sandbox.services import TaskServices, parse_services, start_services
+from flywheel.tasks.loaders import task_base_dir
 from flywheel.types import Message, Reward, Task, ToolCall, ToolCallError
 
 # Compact: every token counts for the tiny demo model (~600 tokens for a whole easy session). The tool
@@ -66,17 +74,19 @@ class CodingEnv:
         self.judge, self.loop = judge, loop
         self.grader = grader
         self.base: Path | None = None  # the task's base workspace (what a remote grader rebuilds from)
+        self.services: TaskServices | None = None  # the task's services (a live database), for one session
         if cfg.rubric_weight > 0 and judge is None:
             raise ValueError("env.rubric_weight > 0 needs a RubricJudge: pass CodingEnv(..., judge=RubricJudge(...))")
 
     def reset(self, task: Task) -> list[Message]:
-        from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
-        from flywheel.tasks.loaders import task_base_dir
-
         self.close()
         base = task_base_dir(task, self.cache_dir)
         self.base = base
-        self.sandbox = create_sandbox(base, SandboxLimits.from_config(self.cfg), kind=self.sandbox_kind)
+        if task.services:  # started before the session, in the task's own network namespace; ready on return
+            self.services = start_services(parse_services(task.services))
+        svc = self.services
+        self.sandbox = create_sandbox(base, SandboxLimits.from_config(self.cfg), kind=self.sandbox_kind,
+                                      netns_fd=None if svc is None else svc.netns, env=None if svc is None else svc.env)
         self.task, self.done, self.reward = task, False, None
         self.harness = Harness(self.sandbox, self.cfg, task)
         return [Message("system", system_prompt(self.cfg)), Message("user", task.problem)]
@@ -100,27 +110,22 @@ class CodingEnv:
 
     def grade(self) -> Reward:
         """The session's reward (computed once; later calls return the same object)."""
-        from flywheel.envs.reward import grade
-
-        if self.harness is None or self.task is None:
+        if self.harness is None or self.task is None or self.base is None:
             raise RuntimeError("call reset(task) before grade()")
         if self.reward is None:
             ws = Path(self.sandbox.workspace)
             # Not submitted under require_submit: the test credit is withheld anyway, so no sandbox is spent
             # on the tests (flags and their penalty still count).
             untested = self.cfg.require_submit and not self.done and not self.cfg.test_unsubmitted
-            if self.grader is None or untested:
+            # A task with services grades here, beside its live services (a remote grader has none of them).
+            if self.grader is None or untested or self.services is not None:
                 reward = grade(self.task, ws, self.cfg, tool_log=self.harness.log, kind=self.sandbox_kind,
-                               run_tests=not untested)
+                               run_tests=not untested, services=self.services)
             else:
-                from flywheel.envs.changes import call_grader, capture_changes
-
+                assert self.base is not None  # set by reset
                 changes = capture_changes(self.base, ws)
                 reward = call_grader(self.grader, self.task, changes, list(self.harness.log))
             if self.judge is not None and self.cfg.rubric_weight > 0:
-                from flywheel.envs.judge import combine
-                from flywheel.envs.reward import workspace_diff
-
                 coro = self.judge.score(self.task, diff=workspace_diff(self.task, ws))
                 if self.loop is not None:
                     score = asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -128,8 +133,6 @@ class CodingEnv:
                     score = asyncio.run(coro)
                 reward = combine(reward, score, self.cfg)
             if self.cfg.require_submit and not self.done:
-                from flywheel.envs.reward import unsubmitted
-
                 reward = unsubmitted(reward)
             self.reward = reward
         return self.reward
@@ -142,9 +145,13 @@ class CodingEnv:
         return m
 
     def close(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
-        self.sandbox, self.harness = None, None
+        try:
+            if self.sandbox is not None:
+                self.sandbox.close()
+        finally:
+            if self.services is not None:
+                self.services.close()  # every service process killed, its data removed
+            self.sandbox, self.harness, self.services = None, None, None
 
     def __enter__(self) -> CodingEnv:
         return self

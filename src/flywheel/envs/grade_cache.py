@@ -50,8 +50,8 @@ def tree_digest(root: Path) -> str | None:
                 data = f.read()
         else:
             return None
-        name = rel.encode("utf-8", "surrogateescape")
-        h.update(b"%d:%s%s%d:" % (len(name), name, kind, len(data)))
+        key = rel.encode("utf-8", "surrogateescape")
+        h.update(b"%d:%s%s%d:" % (len(key), key, kind, len(data)))
         h.update(data)
     return h.hexdigest()
 

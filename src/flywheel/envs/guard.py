@@ -160,7 +160,7 @@ def arm(root: Path, test_files: list[str]) -> Armed:
 def read_proofs(armed: Armed, root: Path) -> tuple[dict[tuple[str, str], int], bool, list[str]]:
     """(valid proofs per (file, name), alive seen, problems) from the proof file under `root`."""
     counts: dict[tuple[str, str], int] = {}
-    alive, problems, seen = False, [], set()
+    alive, problems, seen = False, list[str](), set[str]()
     path = root / armed.dirname / "proofs"
     if not path.is_file() or path.is_symlink():
         return counts, alive, problems

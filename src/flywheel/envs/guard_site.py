@@ -79,7 +79,7 @@ def _install() -> None:
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
             setattr(runner, attr, getattr(fn, attr))
         runner.__dict__.update(fn.__dict__)  # pytest marks, mock.patch's patchings
-        runner.__wrapped__ = fn  # pytest reads the fixtures from the wrapped signature
+        runner.__wrapped__ = fn  # type: ignore[attr-defined]  # pytest reads the fixtures from the wrapped signature
         return runner
 
     def wrap_class(cls, file: str, seen: set) -> None:
@@ -94,7 +94,7 @@ def _install() -> None:
 
     def wrap(namespace: dict, file: str) -> None:
         """Wrap every `test*` function and `test*` method of classes defined in the module `namespace`."""
-        module_name, seen = namespace.get("__name__"), set()
+        module_name, seen = namespace.get("__name__"), set[int]()
         for name, value in list(namespace.items()):
             if name.startswith("test") and type(value) is type(wrap) and value.__module__ == module_name:
                 namespace[name] = wrapped(value, file)
@@ -140,8 +140,8 @@ def _install() -> None:
                 probe(item, depth + 1)
         return value
 
-    module.wrap = wrap
-    module.probe = probe
+    module.wrap = wrap  # type: ignore[attr-defined]
+    module.probe = probe  # type: ignore[attr-defined]
     sys.modules[module_name] = module
     sign("", "<alive>")
 

@@ -53,6 +53,7 @@ from flywheel.envs import guard
 from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.sandbox.services import TaskServices
 from flywheel.sandbox.workspace import base_permissions
 from flywheel.tasks.loaders import (
     file_of_test,
@@ -169,7 +170,7 @@ def workspace_changes(task: Task, workspace: Path) -> WorkspaceChanges:
 def workspace_diff(task: Task, workspace: Path, max_chars: int = 8000) -> str:
     """A unified diff of the agent's changes (for the rubric judge and for logs)."""
     ch = workspace_changes(task, workspace)
-    parts = []
+    parts: list[str] = []
     for rel, (old, new) in sorted(ch.modified.items()):
         parts += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
     for rel, new in sorted(ch.added.items()):
@@ -333,11 +334,13 @@ def _put(root: Path, rel: str, text: str) -> None:
 
 
 def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] | None = None,
-          kind: str = "auto", run_tests: bool = True, integrity: bool = True) -> Reward:
+          kind: str = "auto", run_tests: bool = True, integrity: bool = True,
+          services: TaskServices | None = None) -> Reward:
     """Run the hidden tests on a restored copy of `workspace` in a fresh sandbox; flags and penalty included.
     `run_tests=False` (a session that did not submit, see envs/env.py): flags and penalty only, no sandbox.
     `integrity=False` grades as if the runner were honest (no guard, canaries, static checks or removal of
-    shadowing files): only `flywheel bench redteam` uses it, to measure what the defences cost."""
+    shadowing files): only `flywheel bench redteam` uses it, to measure what the defences cost.
+    `services`: the session's running services (a live database); the tests run in their network namespace."""
     workspace = Path(workspace)
     changes = workspace_changes(task, workspace)
     flags = detect_flags(task, workspace, cfg, tool_log, changes)
@@ -346,7 +349,7 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
     if run_tests:
-        components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity)
+        components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, services)
         status = statuses_of(test_ids, report)
         if components.get("runner_tampered"):
             flags.append("runner_tampered")
@@ -363,10 +366,11 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
 
 
 def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto",
-                        integrity: bool = True) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
+                        integrity: bool = True, services: TaskServices | None = None,
+                        ) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
     """(components, JUnit report reconciled with the guard's proofs, tamper notes) of the hidden tests on a
     restored copy of `workspace`: the sandbox run, or the verdict on an identical restored tree from this
-    process's cache (`components["tests_cached"]`)."""
+    process's cache (`components["tests_cached"]`; never with `services`: the verdict also rests on their state)."""
     components: dict[str, float] = {}
     report: dict[tuple[str, str], str] = {}
     test_files = list(dict.fromkeys(file_of_test(t) for t in test_ids))
@@ -384,7 +388,7 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
         except ValueError:
             return {"test_patch_failed": 1.0}, report, []
         base_permissions(base)
-        key = result_key(task, command, kind, base) if cfg.grade_cache and integrity else None
+        key = result_key(task, command, kind, base) if cfg.grade_cache and integrity and services is None else None
         cached = GRADE_CACHE.get(key)
         if cached is not None:
             comps, report = cached
@@ -395,7 +399,8 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
         limits.timeout_s = cfg.grade_timeout_s
         limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
         name = f".fw-junit-{uuid.uuid4().hex}.xml"
-        with create_sandbox(base, limits, kind=kind) as sb:
+        with create_sandbox(base, limits, kind=kind, netns_fd=None if services is None else services.netns,
+                            env=None if services is None else services.env) as sb:
             env = dict(PYTEST_ENV, **({"PYTHONPATH": armed.pythonpath(sb.inner_workspace)} if armed else {}))
             res = sb.run(f"{task.test_command} -p no:cacheprovider --junitxml={name} {files}",
                          timeout_s=cfg.grade_timeout_s, env=env)

@@ -16,20 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.config import FlywheelConfig
+from flywheel.inference import local
+from flywheel.inference.vllm import StoreSync, VLLMEngine
+from flywheel.numerics.lm_head import use_fp32_lm_head
+from flywheel.policy.model import load_model
+from flywheel.weights.sync import Subscriber
 
 
 def _local(cfg: FlywheelConfig, model_dir: Path, tokenizer, log_dir: Path, name: str):
-    from flywheel.inference.local import build_engine
-    from flywheel.numerics.lm_head import use_fp32_lm_head
-    from flywheel.policy.model import load_model
-
     model = use_fp32_lm_head(load_model(model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
-    return build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant)
+    return local.build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant)
 
 
 def _vllm(cfg: FlywheelConfig, model_dir: Path, tokenizer, log_dir: Path, name: str):
-    from flywheel.inference.vllm import VLLMEngine
-
     tokenizer_dir = None
     if tokenizer is not None and not (Path(model_dir) / "tokenizer.json").is_file():
         tokenizer_dir = Path(log_dir) / f"{name}-tokenizer"  # vLLM reads the tokenizer from a directory
@@ -55,9 +54,6 @@ def build_node_engine(cfg: FlywheelConfig, model_dir: str | Path, tokenizer, sto
     version on `poll()` (local: weights.sync.Subscriber; vllm: inference.vllm.StoreSync)."""
     engine = build_engine(cfg, model_dir, tokenizer, log_dir, name)
     if cfg.inference.type == "vllm":
-        from flywheel.inference.vllm import StoreSync
-
         return engine, StoreSync(store_url, engine, cfg.inference.vllm.weight_sync, cfg.weights)
-    from flywheel.weights.sync import Subscriber
 
     return engine, Subscriber.from_config(store_url, engine, cfg.weights)

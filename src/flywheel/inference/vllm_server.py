@@ -199,6 +199,7 @@ if __name__ == "__main__":  # pragma: no cover - `python -m flywheel.inference.v
     srv = VLLMServer(InferenceConfig().vllm, sys.argv[1], "vllm-server.log")
     print(srv.start(), flush=True)
     try:
-        srv.proc.wait()
+        if srv.proc is not None:
+            srv.proc.wait()
     finally:
         srv.stop()

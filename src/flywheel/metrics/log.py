@@ -62,7 +62,7 @@ class MetricsLog:
         graded = [t for t in batch if t.reward is not None]
         if not self.trackers or not graded or decoder is None:
             return
-        ranked = sorted(graded, key=lambda t: t.reward.value)
+        ranked = sorted(graded, key=lambda t: t.graded.value)
         for name, traj in (("best", ranked[-1]), ("worst", ranked[0])):
             text = transcript_text(transcript_view(traj, decoder))
             for t in self.trackers:
@@ -76,7 +76,7 @@ class MetricsLog:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a metrics file; a torn last line (killed writer) is skipped."""
-    out = []
+    out: list[dict[str, Any]] = []
     p = Path(path)
     if not p.exists():
         return out

@@ -20,7 +20,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from flywheel.config import MetricsConfig
 
@@ -66,7 +66,8 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    def __init__(self, run_dir: Path, run_name: str, project: str, mode: str, config: dict | None):
+    def __init__(self, run_dir: Path, run_name: str, project: str, mode: Literal["offline", "online"],
+                 config: dict | None):
         try:
             import wandb
         except ImportError as err:

@@ -20,9 +20,12 @@ Cost: one upcast of the head weight per call (vocab × hidden) and an fp32 matmu
 from __future__ import annotations
 
 import types
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 _MARK = "flywheel_fp32_logits"
 
@@ -33,7 +36,7 @@ def _fp32_forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.float(), self.weight.float(), bias)
 
 
-def use_fp32_lm_head(model: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
+def use_fp32_lm_head(model: M, enabled: bool = True) -> M:
     """Make `model.lm_head` compute its logits in float32 (or, with `enabled=False`, leave it alone)."""
     if not enabled:
         return model
@@ -41,7 +44,7 @@ def use_fp32_lm_head(model: torch.nn.Module, enabled: bool = True) -> torch.nn.M
     if not isinstance(head, torch.nn.Linear):
         raise ValueError(f"numerics.fp32_lm_head needs a model whose `lm_head` is an nn.Linear, got "
                          f"{type(head).__name__}; set numerics.fp32_lm_head = false for this model")
-    head.forward = types.MethodType(_fp32_forward, head)
+    head.forward = types.MethodType(_fp32_forward, head)  # type: ignore[method-assign]  # this instance only
     setattr(head, _MARK, True)
     return model
 

@@ -51,7 +51,7 @@ class Buffer:
         if group_staleness(group, trainer_version) > self.max_staleness:
             self.counters["dropped_stale"] += len(group)
             return "stale"
-        if self.drop_uniform_groups and len({t.reward.value for t in group}) == 1:
+        if self.drop_uniform_groups and len({t.graded.value for t in group}) == 1:
             self.counters["dropped_uniform"] += len(group)
             return "uniform"
         self._groups.append(group)
@@ -61,7 +61,7 @@ class Buffer:
 
     def take(self, num_trajectories: int, trainer_version: int) -> list[Trajectory] | None:
         """Whole groups, oldest first, until at least `num_trajectories`; None if not enough yet."""
-        fresh = deque()
+        fresh: deque[list[Trajectory]] = deque()
         for group in self._groups:
             if group_staleness(group, trainer_version) > self.max_staleness:
                 self.counters["dropped_stale"] += len(group)

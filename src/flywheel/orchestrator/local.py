@@ -21,14 +21,12 @@ import time
 import traceback
 from typing import Any
 
-from flywheel.orchestrator.node import NodeSpec
+from flywheel.orchestrator.node import InferenceNode, NodeSpec
 
 
 def _node_main(spec: NodeSpec, mode: str, out_q: mp.Queue, ctrl_q: mp.Queue) -> None:
     """Child process: build the node, then produce (async) or serve requests (sync) until told to stop."""
     try:
-        from flywheel.orchestrator.node import InferenceNode
-
         node = InferenceNode(spec)
         out_q.put(("ready", spec.node_id, node.version, {}))
         asyncio.run(_serve(node, mode, out_q, ctrl_q))

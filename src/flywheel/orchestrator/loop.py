@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import statistics
 import threading
@@ -25,13 +26,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.dashboard.transcript import TokenDecoder
 from flywheel.metrics.log import MetricsLog
 from flywheel.orchestrator.buffer import Buffer
+from flywheel.orchestrator.local import LocalRollouts
 from flywheel.orchestrator.monitor import FlagMonitor, step_flag_rates
+from flywheel.orchestrator.node import NodeSpec
 from flywheel.orchestrator.pacing import ahead_limit, paced, to_grant
+from flywheel.orchestrator.ray import RayRollouts
 from flywheel.orchestrator.source import RolloutSource
+from flywheel.orchestrator.trainers import build_trainer
+from flywheel.rollout.evaluate import solved
 from flywheel.types import Task, Trajectory
 
 
@@ -66,10 +74,8 @@ class AdmittedLog:
 
 
 def batch_metrics(batch: list[Trajectory]) -> dict[str, float]:
-    from flywheel.rollout.evaluate import solved
-
-    rewards = [t.reward.value for t in batch]
-    flags = [f for t in batch for f in t.reward.flags]
+    rewards = [t.graded.value for t in batch]
+    flags = [f for t in batch for f in t.graded.flags]
     return {
         "reward/mean": statistics.fmean(rewards),
         "rollout/pass_rate": statistics.fmean(float(solved(t)) for t in batch),
@@ -85,12 +91,10 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     """Reward and pass rate of every group that arrived since the last step, dropped ones included: the
     learning curve (the trained batch is biased towards mixed groups when uniform groups are dropped).
     Sessions that failed outside the policy have no reward and are left out (the buffer counts them)."""
-    from flywheel.rollout.evaluate import solved
-
     trajs = [t for g in groups for t in g if t.reward is not None]
     if not trajs:
         return {}
-    return {"rollout/reward_all": statistics.fmean(t.reward.value for t in trajs),
+    return {"rollout/reward_all": statistics.fmean(t.graded.value for t in trajs),
             "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
             "rollout/num_all": float(len(trajs)),
             "rollout/submitted": statistics.fmean(float(bool(t.meta.get("submitted"))) for t in trajs),
@@ -110,13 +114,6 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
            resume: bool = False, on_step: Callable[[dict], None] | None = None,
            stop_event: threading.Event | None = None) -> dict:
     """Run RL until `cfg.trainer.num_steps` trainer steps; returns the loop's summary figures."""
-    import os
-
-    import torch
-
-    from flywheel.orchestrator.node import NodeSpec
-    from flywheel.orchestrator.trainer_service import build_trainer
-
     run_dir = Path(run_dir)
     # The nodes take one core each (NodeSpec.num_threads); the trainer gets the rest, at least one.
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - cfg.orchestrator.num_engines - 1))
@@ -247,10 +244,7 @@ def _grant(cfg: FlywheelConfig, source, spec, granted: int, received: int, waiti
 def build_rollouts(cfg: FlywheelConfig, specs: list) -> RolloutSource:
     """The rollout source of `cfg.orchestrator.backend`: child processes (local) or Ray actors."""
     if cfg.orchestrator.backend == "ray":
-        from flywheel.orchestrator.ray import RayRollouts
-
         return RayRollouts(specs, cfg)
-    from flywheel.orchestrator.local import LocalRollouts
 
     return LocalRollouts(specs, mode=cfg.orchestrator.mode)
 

@@ -35,7 +35,7 @@ class FlagMonitor:
                 continue
             if len(self._sessions) == self.window:
                 self._counts.subtract(self._sessions[0])
-            flags = frozenset(t.reward.flags)
+            flags = frozenset(t.graded.flags)
             self._sessions.append(flags)
             self._counts.update(flags)
 
@@ -60,5 +60,5 @@ def step_flag_rates(groups: list[list[Trajectory]]) -> dict[str, float]:
     graded = [t for g in groups for t in g if t.reward is not None]
     if not graded:
         return {}
-    counts = Counter(f for t in graded for f in set(t.reward.flags))
+    counts = Counter(f for t in graded for f in set(t.graded.flags))
     return {f"flags/rate/{f}": c / len(graded) for f, c in sorted(counts.items())}

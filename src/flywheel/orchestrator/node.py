@@ -20,9 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from flywheel.config import FlywheelConfig
+from flywheel.envs.remote_client import env_factory
+from flywheel.envs.tools import tools_for
+from flywheel.inference.registry import build_node_engine
 from flywheel.orchestrator.pacing import Permits, paced
 from flywheel.orchestrator.task_sampler import task_sampler
+from flywheel.policy.chat import ChatFormat
+from flywheel.policy.tokenizer import load_tokenizer
+from flywheel.rollout.worker import RolloutWorker
 from flywheel.types import Task, Trajectory
 
 
@@ -48,15 +56,6 @@ class InferenceNode:
     def __init__(self, spec: NodeSpec, grader=None):
         """`grader` (None: grade in this process) is handed to every CodingEnv (see envs/env.py; the Ray backend
         passes an `orchestrator.grader.GraderPool` over its grader actors)."""
-        import torch
-
-        from flywheel.envs.env import CodingEnv
-        from flywheel.envs.tools import tools_for
-        from flywheel.inference.registry import build_node_engine
-        from flywheel.policy.chat import ChatFormat
-        from flywheel.policy.tokenizer import load_tokenizer
-        from flywheel.rollout.worker import RolloutWorker
-
         if spec.num_threads:
             torch.set_num_threads(spec.num_threads)
         self.spec = spec
@@ -69,7 +68,8 @@ class InferenceNode:
                                                          Path(spec.cache_dir).parent, name=f"vllm-node{spec.node_id}")
         env_cfg, cache_dir, kind = self.cfg.env, Path(spec.cache_dir), self.cfg.env.sandbox
         self.grader = grader
-        self.worker = RolloutWorker(self.engine, self.chat, lambda: CodingEnv(env_cfg, cache_dir, kind, grader=grader),
+        # local CodingEnv, or sessions on env-servers (env.remote_url; envs/remote_client.py)
+        self.worker = RolloutWorker(self.engine, self.chat, env_factory(env_cfg, cache_dir, kind, grader=grader),
                                     self.cfg.rollout)
         self.rng = random.Random(spec.seed * 7919 + spec.node_id)
         self.sampler = task_sampler(spec.tasks, self.rng, self.cfg.orchestrator)

@@ -11,10 +11,10 @@ How it works. The driver (this class, inside the trainer-side loop) owns the wor
 and seed and submits `EngineActor.run_group` calls, keeping `max_groups_in_flight` per engine (async mode) or
 exactly the requested groups (sync mode). It remembers which groups each engine holds, so when an engine dies
 (`RayActorError`) its groups are re-queued on live engines (`rollout/requeued`; a group that failed on
-`ray_max_group_attempts` engines is dropped and counted in `rollout/lost_groups`) and nothing is lost. A removed
+`ray.max_group_attempts` engines is dropped and counted in `rollout/lost_groups`) and nothing is lost. A removed
 engine drains (its groups finish, none are added) or, with drain=False, is killed and its groups handed back.
 
-Graders (`orchestrator.ray_num_graders` > 0): a pool of `GraderActor`s started before the engines; every engine
+Graders (`orchestrator.ray.num_graders` > 0): a pool of `GraderActor`s started before the engines; every engine
 gets all their handles and sends each session's changes (not its directory) to the least-loaded one, retrying on
 another when one dies (`rollout/grader_retries`; see orchestrator/grader.py). With 0 graders each engine grades
 its own sessions, as the local backend does. `grader/num_graded` sums what the live graders have graded.
@@ -48,7 +48,9 @@ from typing import Any
 from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.node import NodeSpec
 from flywheel.orchestrator.pacing import Permits, paced
+from flywheel.orchestrator.ray_actors import EngineActor, GraderActor, RelayActor
 from flywheel.orchestrator.task_sampler import task_sampler
+from flywheel.weights.sync import open_source
 
 STATS_EVERY_S = 2.0  # relay counters and the store's newest version are read at most this often
 # Async mode: groups queued on an engine beyond those it runs (its rollout worker's session slots hold the
@@ -68,10 +70,10 @@ def _ray():
 
 
 def init_ray(cfg: FlywheelConfig):
-    """Connect to `orchestrator.ray_address`, or start a local Ray; a no-op when Ray is already initialised."""
+    """Connect to `orchestrator.ray.address`, or start a local Ray; a no-op when Ray is already initialised."""
     ray = _ray()
     if not ray.is_initialized():
-        address = cfg.orchestrator.ray_address
+        address = cfg.orchestrator.ray.address
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
                  ignore_reinit_error=True)
     return ray
@@ -170,7 +172,7 @@ class RayRollouts:
         self.sampler = task_sampler(specs[0].tasks, self.rng, self.cfg.orchestrator)
         self.counters = {"requeued": 0, "lost_groups": 0, "engines_died": 0, "engines_added": 0,
                          "engines_removed": 0, "groups": 0}
-        self.origin = None
+        self.origin: Any = None  # the RelayActor handle once started
         self.origin_url = ""
         self.relays: dict[str, tuple[Any, str]] = {}  # region -> (actor, url)
         self._next_node_id = max(s.node_id for s in specs) + 1
@@ -188,7 +190,6 @@ class RayRollouts:
         """Start the origin relay, the graders and the engines; TimeoutError if they are not all up within
         `timeout_s` (the caller's `stop` then kills what did start)."""
         ray = init_ray(self.cfg)
-        from flywheel.orchestrator.ray_actors import RelayActor
 
         deadline = time.monotonic() + timeout_s
         late = TimeoutError(f"engine actors did not start within {timeout_s:g} s (each loads the model and warms up; "
@@ -200,7 +201,7 @@ class RayRollouts:
         except ray.exceptions.GetTimeoutError:
             raise late from None
         self._start_graders()
-        regions = self.cfg.orchestrator.regions
+        regions = self.cfg.orchestrator.ray.regions
         for spec in self.specs:
             region = spec.region or (regions[spec.node_id % len(regions)] if regions else "default")
             self._launch(spec, region)
@@ -236,7 +237,7 @@ class RayRollouts:
 
         It joins by pulling the newest anchor and deltas through its region's relay, then takes work."""
         node_id = self._next_node_id
-        region = region or (self.cfg.orchestrator.regions[0] if self.cfg.orchestrator.regions else "default")
+        region = region or (self.cfg.orchestrator.ray.regions[0] if self.cfg.orchestrator.ray.regions else "default")
         spec = dataclasses.replace(self.template, node_id=node_id, region="",
                                    cache_dir=str(self.run_dir / "cache" / f"node{node_id}"))
         self._launch(spec, region)
@@ -259,23 +260,19 @@ class RayRollouts:
         self._fill()
 
     def _start_graders(self) -> None:
-        """`ray_num_graders` GraderActors (none: engines grade in-process). Ray restarts a crashed one (up to
+        """`ray.num_graders` GraderActors (none: engines grade in-process). Ray restarts a crashed one (up to
         GRADER_MAX_RESTARTS times, same handle); one killed for good is routed around by the engines."""
-        from flywheel.orchestrator.ray_actors import GraderActor
-
         o = self.cfg.orchestrator
         env = self.cfg.env.model_dump(mode="json")
-        self.graders = [as_actor(GraderActor, num_cpus=o.ray_grader_num_cpus, max_concurrency=o.ray_grader_concurrency,
+        self.graders = [as_actor(GraderActor, num_cpus=o.ray.grader_num_cpus, max_concurrency=o.ray.grader_concurrency,
                                 max_restarts=GRADER_MAX_RESTARTS, name=f"flywheel-grader-{self.cfg.name}-{i}")
                         .remote(env, str(self.run_dir / "cache" / f"grader{i}"))
-                        for i in range(o.ray_num_graders)]
+                        for i in range(o.ray.num_graders)]
 
     def _launch(self, spec: NodeSpec, region: str) -> None:
-        from flywheel.orchestrator.ray_actors import EngineActor
-
         spec = dataclasses.replace(spec, region=region, store_url=self._relay_url(region))
         o = self.cfg.orchestrator
-        actor = as_actor(EngineActor, num_cpus=o.ray_engine_num_cpus, num_gpus=o.ray_engine_num_gpus,
+        actor = as_actor(EngineActor, num_cpus=o.ray.engine_num_cpus, num_gpus=o.ray.engine_num_gpus,
                         max_concurrency=1000, max_restarts=0,
                         name=f"flywheel-engine-{self.cfg.name}-{spec.node_id}").remote(spec, graders=self.graders)
         e = Engine(spec.node_id, region, spec, actor)
@@ -285,8 +282,6 @@ class RayRollouts:
 
     def _relay_url(self, region: str) -> str:
         if region not in self.relays:
-            from flywheel.orchestrator.ray_actors import RelayActor
-
             w = self.cfg.weights
             actor = as_actor(RelayActor, num_cpus=0).remote(upstream=self.origin_url, bandwidth_mbps=w.relay_bandwidth_mbps,
                                                            streams=w.relay_streams)
@@ -342,7 +337,7 @@ class RayRollouts:
         self.counters["engines_died"] += 1
         self._pool_stats["pool/last_error"] = f"engine {e.node_id} lost: {why[:500]}"
         for job in e.inflight.values():
-            if job.attempts >= self.cfg.orchestrator.ray_max_group_attempts:
+            if job.attempts >= self.cfg.orchestrator.ray.max_group_attempts:
                 self.counters["lost_groups"] += 1
                 self.permits.give(1)  # paced: a lost group never reaches the loop; its permit starts another
             else:
@@ -455,7 +450,6 @@ class RayRollouts:
                     **self.sampler.stats(), "pool/num_engines": float(len(self.engines))}
         self._t_stats = now
         ray = _ray()
-        from flywheel.weights.sync import open_source
 
         s: dict = {f"rollout/{k}": float(v) for k, v in self.counters.items()}
         s.update(self.sampler.stats())
@@ -472,8 +466,8 @@ class RayRollouts:
                 continue
             s[f"weights/region/{region}/upstream_mb"] = r["bytes_upstream"] / 1e6
             s[f"weights/region/{region}/served_mb"] = r["bytes_out"] / 1e6
-            versions = [e.stats.get("node/version") for e in self.engines.values()
-                        if e.region == region and e.stats.get("node/version") is not None]
+            versions = [int(v) for e in self.engines.values()
+                        if e.region == region and (v := e.stats.get("node/version")) is not None]
             if latest is not None and versions:
                 s[f"staleness/region/{region}"] = float(latest - min(versions))
             status_regions[region] = {"relay": url, "num_engines": sum(e.region == region for e in self.engines.values())}

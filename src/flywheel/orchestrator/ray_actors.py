@@ -17,21 +17,20 @@ import asyncio
 import os
 import threading
 
-from flywheel.orchestrator.node import NodeSpec
+from flywheel.config import EnvConfig, FlywheelConfig
+from flywheel.envs.changes import RebuildGrader
+from flywheel.orchestrator.grader import GraderPool
+from flywheel.orchestrator.node import InferenceNode, NodeSpec
 from flywheel.types import Reward, Task, Trajectory
+from flywheel.weights.relay import RelayServer
 
 
 class EngineActor:
     """One InferenceNode (engine + rollout workers + subscriber); many `run_group` calls run concurrently."""
 
     def __init__(self, spec: NodeSpec, poll_interval_s: float = 0.5, graders: list | None = None):
-        from flywheel.orchestrator.node import InferenceNode
-
         grader = None
         if graders:  # sessions are graded by grader actors; in-process only when none of them is left
-            from flywheel.config import FlywheelConfig
-            from flywheel.envs.changes import RebuildGrader
-            from flywheel.orchestrator.grader import GraderPool
 
             env = FlywheelConfig.model_validate(spec.config).env
             grader = GraderPool(graders, RebuildGrader(env, spec.cache_dir, env.sandbox),
@@ -90,12 +89,9 @@ class EngineActor:
 class GraderActor:
     """Runs the hidden tests of sessions that ran elsewhere: task base + the agent's changes, then `reward.grade`.
 
-    A threaded actor (`ray_grader_concurrency` gradings at once): grading is subprocess work in a sandbox."""
+    A threaded actor (`ray.grader_concurrency` gradings at once): grading is subprocess work in a sandbox."""
 
     def __init__(self, env_config: dict, cache_dir: str):
-        from flywheel.config import EnvConfig
-        from flywheel.envs.changes import RebuildGrader
-
         env = EnvConfig.model_validate(env_config)
         self.grader = RebuildGrader(env, cache_dir, env.sandbox)
         self._lock = threading.Lock()
@@ -116,8 +112,6 @@ class RelayActor:
 
     def __init__(self, *, store: str | None = None, upstream: str | None = None, host: str = "auto",
                  bandwidth_mbps: float = 0.0, streams: int = 8):
-        from flywheel.weights.relay import RelayServer
-
         if host == "auto":  # bind where the engines of other nodes can reach it
             import ray
 

@@ -1,9 +1,9 @@
 """Ray backend of the sharded trainer: one `RankActor` per rank in a placement group.
 
-    trainer = RayTrainerGroup(cfg, run_dir, base_model_dir)   # via trainer_service.build_trainer (world_size > 1)
+    trainer = RayTrainerGroup(cfg, run_dir, base_model_dir)   # via trainers.build_trainer (world_size > 1)
 
-Why so: the shape OpenRLHF and verl use. A placement group reserves one bundle per rank (`ray_trainer_num_cpus`,
-`ray_trainer_num_gpus` each), packed onto as few nodes as possible; rank 0's actor names a TCP rendezvous on its
+Why so: the shape OpenRLHF and verl use. A placement group reserves one bundle per rank (`ray.trainer_num_cpus`,
+`ray.trainer_num_gpus` each), packed onto as few nodes as possible; rank 0's actor names a TCP rendezvous on its
 node and every actor joins the process group there, then builds its `TrainerService` over its shards. The driver
 calls each method on every actor at once (they are collectives) and keeps rank 0's answer. When an actor dies,
 `ray.wait` hands back its `RayActorError` while the others may still be blocked in a collective: the handle
@@ -20,6 +20,7 @@ from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.ray import init_ray
 from flywheel.orchestrator.trainer_group import GroupFailed, GroupHandle, run_method
 from flywheel.orchestrator.trainer_service import TrainerService
+from flywheel.trainer.distributed import init_group
 
 
 class RankActor:
@@ -41,8 +42,6 @@ class RankActor:
 
     def start(self, init_method: str, config: dict, run_dir: str, base_model_dir: str, resume: bool,
               restarted: bool) -> int:
-        from flywheel.trainer.distributed import init_group
-
         cfg = FlywheelConfig.model_validate(config)
         group = init_group(cfg.trainer, init_method=init_method, rank=self.rank, world_size=self.world_size)
         self.service = TrainerService(config, run_dir, base_model_dir, resume, restarted=restarted, group=group)
@@ -63,17 +62,17 @@ class RayTrainerGroup(GroupHandle):
 
         self._remove_pg = remove_placement_group
         o, ws = self.cfg.orchestrator, self.cfg.trainer.world_size
-        bundle = {"CPU": o.ray_trainer_num_cpus}
-        if o.ray_trainer_num_gpus:
-            bundle["GPU"] = o.ray_trainer_num_gpus
+        bundle = {"CPU": o.ray.trainer_num_cpus}
+        if o.ray.trainer_num_gpus:
+            bundle["GPU"] = o.ray.trainer_num_gpus
         self.pg = placement_group([dict(bundle) for _ in range(ws)], strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=o.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"Ray could not reserve {ws} bundles of {bundle} for the trainer group within "
-                               f"{o.start_timeout_s:g} s; lower orchestrator.ray_trainer_num_cpus or add nodes") from None
+                               f"{o.start_timeout_s:g} s; lower orchestrator.ray.trainer_num_cpus or add nodes") from None
         self.actors = [ray.remote(RankActor).options(
-            num_cpus=o.ray_trainer_num_cpus, num_gpus=o.ray_trainer_num_gpus, max_restarts=0,
+            num_cpus=o.ray.trainer_num_cpus, num_gpus=o.ray.trainer_num_gpus, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r),
             name=f"flywheel-trainer-{self.cfg.name}-rank{r}").remote(r, ws) for r in range(ws)]
         init = ray.get(self.actors[0].rendezvous.remote())

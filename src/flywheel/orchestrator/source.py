@@ -12,6 +12,7 @@ paced async mode's grant of group starts; `pool_stats` is pool-wide counters (em
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -53,6 +54,6 @@ class TrainerHandle(Protocol):
 
     def save_checkpoint(self, extra_state: dict) -> str: ...
 
-    def save_model(self, path: str) -> None: ...
+    def save_model(self, path: str | Path) -> None: ...
 
     def close(self) -> None: ...

@@ -33,13 +33,13 @@ import subprocess
 import sys
 import time
 import traceback
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from flywheel.config import FlywheelConfig
+from flywheel.orchestrator.forwarding import ForwardingTrainer
 from flywheel.orchestrator.trainer_service import TrainerService
-from flywheel.types import Trajectory
 
 METHODS = ("info", "step", "publish", "publisher_metrics", "flush", "save_checkpoint", "save_model", "close")
 AUTHKEY_ENV = "FLYWHEEL_TRAINER_AUTHKEY"
@@ -94,7 +94,7 @@ def serve_rank(argv: list[str] | None = None) -> None:
         conn.send(reply)
 
 
-class GroupHandle:
+class GroupHandle(ForwardingTrainer):
     """What both launchers share: the loop's interface, call retry after a group failure, restart accounting."""
 
     def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool):
@@ -137,26 +137,6 @@ class GroupHandle:
                 raise RuntimeError(f"trainer group: {method} failed on rank 0:\n{value}")
             return value
 
-    def step(self, batch: list[Trajectory]) -> dict[str, float]:
-        metrics = self._call("step", batch)
-        self.version = self._call("info")["version"]
-        return {**metrics, "trainer/restarts": float(self.num_restarts)}
-
-    def publish(self) -> None:
-        self._call("publish")
-
-    def publisher_metrics(self) -> list[dict]:
-        return self._call("publisher_metrics")
-
-    def flush(self) -> None:
-        self._call("flush")
-
-    def save_checkpoint(self, extra_state: dict) -> str:
-        return self._call("save_checkpoint", extra_state)
-
-    def save_model(self, path: str) -> None:
-        self._call("save_model", str(Path(path).resolve()))
-
     def close(self) -> None:
         try:
             self._send("close", ())
@@ -172,6 +152,10 @@ class GroupFailed(RuntimeError):
 
 class TorchrunTrainer(GroupHandle):
     """The local backend's handle on a torchrun-launched group; see the module docstring."""
+
+    conn: Connection | None = None  # to rank 0's command listener
+    proc: subprocess.Popen | None = None  # torchrun, leader of its own session
+    _log: BinaryIO | None = None
 
     def _start(self, resume: bool, restarted: bool) -> None:
         d = self.run_dir / "trainer_group"
@@ -208,6 +192,8 @@ class TorchrunTrainer(GroupHandle):
             return ""
 
     def _send(self, method: str, args: tuple) -> tuple[str, Any]:
+        if self.conn is None:
+            raise GroupFailed("the trainer group is stopped")
         try:
             self.conn.send((method, args))
             return self.conn.recv()
@@ -215,29 +201,20 @@ class TorchrunTrainer(GroupHandle):
             raise GroupFailed(f"{type(err).__name__}: {err}; torchrun log:\n{self._tail()}") from err
 
     def _stop(self) -> None:
-        conn = getattr(self, "conn", None)
-        if conn is not None:
-            conn.close()
+        if self.conn is not None:
+            self.conn.close()
             self.conn = None
-        proc = getattr(self, "proc", None)
+        proc = self.proc
         if proc is not None:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:  # the agent and its ranks share a session: end them all
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if getattr(self, "_log", None) is not None:
+        if self._log is not None:
             self._log.close()
             self._log = None
 
-
-def build_group_trainer(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False):
-    """The sharded trainer group of `cfg.orchestrator.backend`."""
-    if cfg.orchestrator.backend == "ray":
-        from flywheel.orchestrator.ray_trainer_group import RayTrainerGroup
-
-        return RayTrainerGroup(cfg, run_dir, base_model_dir, resume)
-    return TorchrunTrainer(cfg, run_dir, base_model_dir, resume)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The trainer side behind one small handle: in-process (local backend) or a restartable Ray actor (ray backend).
 
-    trainer = build_trainer(cfg, run_dir, base_model_dir, resume=False)
+    trainer = build_trainer(cfg, run_dir, base_model_dir, resume=False)   # orchestrator/trainers.py
     metrics = trainer.step(batch); trainer.publish(); trainer.version
     trainer.save_checkpoint(loop_state); trainer.flush(); trainer.save_model(path); trainer.close()
 
@@ -28,9 +28,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
 from flywheel.config import FlywheelConfig
-from flywheel.orchestrator.source import TrainerHandle
+from flywheel.numerics.lm_head import use_fp32_lm_head
+from flywheel.orchestrator.forwarding import ForwardingTrainer
+from flywheel.orchestrator.ray import as_actor, init_ray
+from flywheel.policy.model import load_model, save_model
+from flywheel.trainer import checkpoint as ckpt
+from flywheel.trainer.distributed import init_group, shard_model
+from flywheel.trainer.train import Trainer
 from flywheel.types import Trajectory
+from flywheel.weights.sharded import ShardedPublisher
+from flywheel.weights.store import WeightStore
+from flywheel.weights.sync import Publisher
 
 
 class TrainerService:
@@ -38,15 +50,6 @@ class TrainerService:
 
     def __init__(self, config: dict, run_dir: str, base_model_dir: str, resume: bool = False, *,
                  restarted: bool = False, group=None):
-        from flywheel.numerics.lm_head import use_fp32_lm_head
-        from flywheel.policy.model import load_model
-        from flywheel.trainer import checkpoint as ckpt
-        from flywheel.trainer.distributed import init_group, shard_model
-        from flywheel.trainer.train import Trainer
-        from flywheel.weights.sharded import ShardedPublisher
-        from flywheel.weights.store import WeightStore
-        from flywheel.weights.sync import Publisher
-
         cfg = FlywheelConfig.model_validate(config)
         run_dir_p = Path(run_dir)
         self.base_model_dir = Path(base_model_dir)
@@ -54,14 +57,16 @@ class TrainerService:
             group = init_group(cfg.trainer)
         self.group = group
         self.cfg = cfg
-        model = use_fp32_lm_head(load_model(self.base_model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
+        base = use_fp32_lm_head(load_model(self.base_model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
         # the KL anchor is the policy RL started from: a frozen copy of the base model, taken before a resume
         # loads the checkpoint's weights into `model` (a copy in memory, not a second read of the directory)
-        ref_model = copy.deepcopy(model) if cfg.trainer.kl_coef > 0 else None
+        base_ref = copy.deepcopy(base) if cfg.trainer.kl_coef > 0 else None
+        model: torch.nn.Module = base
+        ref_model: torch.nn.Module | None = base_ref
         if group is not None:
-            model = shard_model(model, group, cfg.trainer)
-            ref_model = shard_model(ref_model, group, cfg.trainer) if ref_model is not None else None
-        self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=model.config.pad_token_id or 0,
+            model = shard_model(base, group, cfg.trainer)
+            ref_model = shard_model(base_ref, group, cfg.trainer) if base_ref is not None else None
+        self.trainer = Trainer(model, cfg.trainer, run_dir_p, pad_token_id=base.config.pad_token_id or 0,
                                temperature=cfg.rollout.temperature or 1.0, batch_invariant=cfg.numerics.batch_invariant,
                                ref_model=ref_model, group=group)
         restarted = restarted or _restarted_actor()
@@ -73,6 +78,7 @@ class TrainerService:
         if main and latest is not None and latest > self.trainer.version:  # killed after publishing, before checkpointing
             store.drop_versions_after(self.trainer.version)
         self.store_url = store.url
+        self.publisher: Publisher | ShardedPublisher
         if group is not None:
             group.barrier()  # the store's versions are settled before any rank reads them
             self.publisher = ShardedPublisher.from_config(store, group, cfg.weights)
@@ -108,15 +114,12 @@ class TrainerService:
     def save_checkpoint(self, extra_state: dict) -> str:
         return str(self.trainer.save_checkpoint(extra_state))
 
-    def save_model(self, path: str) -> None:
+    def save_model(self, path: str | Path) -> None:
         """The trained policy as an HF directory. Sharded: the one place the full weights are gathered (to rank
         0, on the CPU), into a fresh copy of the base model that rank 0 saves."""
-        from flywheel.policy.model import load_model, save_model
-
         if self.group is None:
             save_model(self.trainer.model, Path(path))
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.trainer.model, options=StateDictOptions(full_state_dict=True,
                                                                                   cpu_offload=True))
@@ -141,22 +144,20 @@ def _restarted_actor() -> bool:
         return False
 
 
-class RayTrainer:
+class RayTrainer(ForwardingTrainer):
     """Handle on a TrainerService actor; same methods, and a dead actor is waited for and the call retried."""
 
     def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False,
                  restart_timeout_s: float = 300.0):
-        from flywheel.orchestrator.ray import as_actor, init_ray
-
         self.ray = init_ray(cfg)
         o = cfg.orchestrator
         self.actor_name = f"flywheel-trainer-{cfg.name}"
-        self.actor = as_actor(TrainerService, num_cpus=o.ray_trainer_num_cpus, num_gpus=o.ray_trainer_num_gpus,
-                             max_restarts=o.ray_trainer_max_restarts, max_task_retries=0,
+        self.actor = as_actor(TrainerService, num_cpus=o.ray.trainer_num_cpus, num_gpus=o.ray.trainer_num_gpus,
+                             max_restarts=o.ray.trainer_max_restarts, max_task_retries=0,
                              name=self.actor_name).remote(cfg.model_dump(mode="json"), str(run_dir),
                                                           str(base_model_dir), resume)
         self.restart_timeout_s = restart_timeout_s
-        self.max_restarts = o.ray_trainer_max_restarts
+        self.max_restarts = o.ray.trainer_max_restarts
         self.num_restarts = 0
         info = self._call("info")
         self.version, self.store_url, self.extra_state = info["version"], info["store_url"], info["extra_state"]
@@ -184,26 +185,6 @@ class RayTrainer:
                     self.ray.exceptions.GetTimeoutError):
                 time.sleep(0.5)
 
-    def step(self, batch: list[Trajectory]) -> dict[str, float]:
-        metrics = self._call("step", batch)
-        self.version = self._call("info")["version"]
-        return {**metrics, "trainer/restarts": float(self.num_restarts)}
-
-    def publish(self) -> None:
-        self._call("publish")
-
-    def publisher_metrics(self) -> list[dict]:
-        return self._call("publisher_metrics")
-
-    def flush(self) -> None:
-        self._call("flush")
-
-    def save_checkpoint(self, extra_state: dict) -> str:
-        return self._call("save_checkpoint", extra_state)
-
-    def save_model(self, path: str) -> None:
-        self._call("save_model", str(Path(path).resolve()))
-
     def close(self) -> None:
         try:
             self._call("close")
@@ -217,14 +198,3 @@ class LocalTrainer(TrainerService):
     def __init__(self, cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False):
         super().__init__(cfg.model_dump(mode="json"), str(run_dir), str(base_model_dir), resume)
 
-
-def build_trainer(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, resume: bool = False) -> TrainerHandle:
-    """The trainer side of `cfg.orchestrator.backend`: in this process (local) or a Ray actor (ray); with
-    `trainer.world_size > 1` a sharded group (torchrun or Ray actors, orchestrator/trainer_group.py)."""
-    if cfg.trainer.world_size > 1:
-        from flywheel.orchestrator.trainer_group import build_group_trainer  # it imports this module
-
-        return build_group_trainer(cfg, run_dir, base_model_dir, resume)
-    if cfg.orchestrator.backend == "ray":
-        return RayTrainer(cfg, run_dir, base_model_dir, resume)
-    return LocalTrainer(cfg, run_dir, base_model_dir, resume)

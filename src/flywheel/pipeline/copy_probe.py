@@ -21,13 +21,14 @@ where every argument token matched (`exact`) and the share of matching tokens (`
 
 from __future__ import annotations
 
+import torch
+
+from flywheel.pipeline.transcripts import fix_turns, render_transcript
 from flywheel.types import Message, Task
 
 
 def _edit_session(task: Task, system: str) -> list[Message] | None:
     """The messages up to and including the oracle's first edit, or None when the task has no view-then-edit fix."""
-    from flywheel.pipeline.transcripts import fix_turns
-
     turns = fix_turns(task) if task.solution else None
     return [Message(role="system", content=system), *turns[:4]] if turns else None  # statement, view, file, edit
 
@@ -46,10 +47,6 @@ def argument_span(ids: list[int], mask: list[int], decode) -> tuple[int, int]:
 
 def copy_probe(model, chat, system: str, tasks: list[Task]) -> dict[str, float]:
     """Teacher-forced argmax accuracy of `model` on the arguments of each task's known edit (see module doc)."""
-    import torch
-
-    from flywheel.pipeline.transcripts import render_transcript
-
     exact = correct = total = probed = 0
     was_training = model.training
     model.eval()

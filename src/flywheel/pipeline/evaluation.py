@@ -15,19 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flywheel.config import FlywheelConfig
-from flywheel.rollout.evaluate import EvalResult
+from flywheel.envs.env import CodingEnv
+from flywheel.envs.tools import tools_for
+from flywheel.inference.registry import build_engine
+from flywheel.policy.chat import ChatFormat
+from flywheel.rollout.evaluate import EvalResult, evaluate
+from flywheel.rollout.worker import RolloutWorker
 from flywheel.types import Task
 
 
 async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task], cache_dir: Path,
                on_done: Callable[[dict], None] | None) -> EvalResult:
-    from flywheel.envs.env import CodingEnv
-    from flywheel.envs.tools import tools_for
-    from flywheel.inference.registry import build_engine
-    from flywheel.policy.chat import ChatFormat
-    from flywheel.rollout.evaluate import evaluate
-    from flywheel.rollout.worker import RolloutWorker
-
     engine = build_engine(cfg, model_dir, tokenizer, log_dir=cache_dir, name="vllm-eval")
     await engine.start()
     try:

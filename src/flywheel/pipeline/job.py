@@ -17,28 +17,34 @@ import json
 import time
 from pathlib import Path
 
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
 from flywheel.config import FlywheelConfig, save_config
+from flywheel.envs.env import system_prompt
+from flywheel.envs.tools import tools_for
+from flywheel.metrics.report import write_report
+from flywheel.orchestrator.loop import run_rl
+from flywheel.pipeline.copy_probe import copy_probe
+from flywheel.pipeline.evaluation import evaluate_model
+from flywheel.pipeline.midtrain import midtrain
+from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
+from flywheel.policy.chat import ChatFormat
+from flywheel.policy.model import load_model
+from flywheel.rollout.evaluate import paired_difference
 
 
 class Progress:
     """A thin wrapper over rich's progress bars: one bar per stage with elapsed time and ETA, from callbacks."""
 
     def __init__(self, enabled: bool = True):
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-        from rich.progress import Progress as RichProgress
-
         self.console = Console()
         self._bars = RichProgress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
                                   TimeRemainingColumn(), console=self.console, disable=not enabled)
-        self._ids: dict[str, int] = {}
+        self._ids: dict[str, TaskID] = {}
         self._started: dict[str, tuple[float, int]] = {}
 
     def __enter__(self):
@@ -65,26 +71,11 @@ class Progress:
 
 
 def probe_copying(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks) -> dict[str, float]:
-    from flywheel.envs.env import system_prompt
-    from flywheel.envs.tools import tools_for
-    from flywheel.pipeline.copy_probe import copy_probe
-    from flywheel.policy.chat import ChatFormat
-    from flywheel.policy.model import load_model
-
     model = load_model(Path(model_dir), cfg.model.dtype)
     return copy_probe(model, ChatFormat(tokenizer, tools_for(cfg.env)), system_prompt(cfg.env), tasks)
 
 
 def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = True) -> dict:
-    import torch
-
-    from flywheel.metrics.report import write_report
-    from flywheel.orchestrator.loop import run_rl
-    from flywheel.pipeline.evaluation import evaluate_model
-    from flywheel.pipeline.midtrain import midtrain
-    from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
-    from flywheel.rollout.evaluate import paired_difference
-
     # One intra-op thread: at these model sizes a second thread gains little, and when anything else runs
     # (sandboxed tests, the rollout process) oversubscribed OpenMP threads spin and cost 10-50x.
     torch.set_num_threads(1)

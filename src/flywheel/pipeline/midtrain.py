@@ -13,14 +13,21 @@ import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from flywheel.config import FlywheelConfig
+from flywheel.envs.env import CodingEnv, system_prompt
+from flywheel.envs.tools import tools_for
+from flywheel.pipeline.transcripts import make_drills, make_transcripts
+from flywheel.policy.chat import ChatFormat
+from flywheel.policy.model import build_model, save_model
+from flywheel.trainer.sft import SFTParams, sft_train
 from flywheel.types import Task
 
 
 def env_factory(cfg: FlywheelConfig, run_dir: Path):
-    from flywheel.envs.env import CodingEnv
-
     cache = run_dir / "cache" / "main"
     return lambda: CodingEnv(cfg.env, cache, cfg.env.sandbox)
 
@@ -28,8 +35,6 @@ def env_factory(cfg: FlywheelConfig, run_dir: Path):
 @contextmanager
 def torch_threads(n: int):
     """Run the block with `n` torch threads (0 = one per core), then restore the previous count."""
-    import torch
-
     before = torch.get_num_threads()
     torch.set_num_threads(n or os.cpu_count() or 1)
     try:
@@ -41,13 +46,6 @@ def torch_threads(n: int):
 def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
              on_progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
-    from flywheel.envs.env import system_prompt
-    from flywheel.envs.tools import tools_for
-    from flywheel.pipeline.transcripts import make_drills, make_transcripts
-    from flywheel.policy.chat import ChatFormat
-    from flywheel.policy.model import build_model, save_model
-    from flywheel.trainer.sft import SFTParams, sft_train
-
     out = run_dir / "base_model"
     if (out / "config.json").exists():
         return out
@@ -72,7 +70,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     # machine. Two jobs side by side want `num_threads = 1` each: two jobs of two OpenMP threads on two
     # cores spin against each other and ran 8x slower here, not 2x.
     with torch_threads(m.num_threads):
-        common = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps)
+        common: dict[str, Any] = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps)
         if bare:
             sft_train(model, bare, SFTParams(num_steps=m.drill_steps, batch_tokens=m.drill_batch_tokens, **common),
                       progress=(lambda i, total, _: on_progress("midtrain drills", i, total)) if on_progress else None)

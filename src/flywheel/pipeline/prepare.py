@@ -11,16 +11,17 @@ texts, so code, statements and tool calls tokenize compactly.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from flywheel.config import FlywheelConfig
+from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer
+from flywheel.tasks.loaders import load_tasks, save_tasks
+from flywheel.tasks.synth import Split, generate_tasks
 from flywheel.types import Task
 
 
-def _load_or_synth(path: str, out: Path, n: int, split: str, cfg: FlywheelConfig, seed: int) -> list[Task]:
-    from flywheel.tasks.loaders import load_tasks, save_tasks
-    from flywheel.tasks.synth import generate_tasks
-
+def _load_or_synth(path: str, out: Path, n: int, split: Split, cfg: FlywheelConfig, seed: int) -> list[Task]:
     if path:
         loaded = load_tasks(path)
         for err in loaded.errors:
@@ -62,10 +63,6 @@ def task_corpus(tasks: list[Task]):
 
 def prepare_tokenizer(cfg: FlywheelConfig, run_dir: Path, tasks: list[Task]):
     """Load `tokenizer.path`, or train one on the default corpus plus task texts (cached in run_dir)."""
-    import itertools
-
-    from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer
-
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path)
     out = run_dir / "tokenizer"

@@ -29,6 +29,9 @@ import random
 from collections.abc import Callable
 
 from flywheel.config import MidtrainConfig
+from flywheel.envs.env import CodingEnv
+from flywheel.envs.tools import number_lines
+from flywheel.tasks.synth import easy_statement, oracle_actions
 from flywheel.types import Message, Task, ToolCall
 
 
@@ -43,8 +46,6 @@ def _corrupt(text: str, rng: random.Random) -> str:
 def scripted_actions(task: Task, kind: str, rng: random.Random, giveup_share: float = 0.5) -> list[ToolCall]:
     """Tool calls for a session of `kind`: 'oracle', 'detour' or 'failed' (a `giveup_share` of failed sessions
     give up without editing, the rest submit a fix with one character wrong)."""
-    from flywheel.tasks.synth import oracle_actions
-
     calls = oracle_actions(task)
     edit = next((i for i, c in enumerate(calls) if c.name == "str_replace"), None)
     if kind == "detour" and edit is not None:
@@ -74,7 +75,7 @@ def run_script(env, task: Task, calls: list[ToolCall]) -> list[Message]:
     return messages
 
 
-def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: Callable[[], object],
+def make_transcripts(tasks: list[Task], cfg: MidtrainConfig, chat, env_factory: Callable[[], CodingEnv],
                      on_progress: Callable[[int], None] | None = None) -> list[tuple[list[int], list[int]]]:
     rng = random.Random(cfg.seed)
     examples = []
@@ -131,9 +132,6 @@ def random_edit(rng: random.Random) -> tuple[str, str]:
 def copy_episode(rng: random.Random) -> list[Message]:
     """A random easy-style statement and the turns that answer it: view the file, the edit (after a view of a
     made-up function holding the old text, or straight away)."""
-    from flywheel.envs.tools import number_lines
-    from flywheel.tasks.synth import easy_statement
-
     path = f"{rng.choice(_FILES)}{rng.choice(['', '_', ''])}{rng.choice(['', str(rng.randint(1, 9))])}.py"
     old, new = random_edit(rng)
     while old == new:
@@ -156,9 +154,6 @@ def copy_episode(rng: random.Random) -> list[Message]:
 def fix_turns(task: Task) -> list[Message] | None:
     """The known fix of `task` as a session: the statement, the view, the real file, then the edits; None when
     the fix is not a view of a workspace file followed by edits. Drills and the copy probe use it."""
-    from flywheel.envs.tools import number_lines
-    from flywheel.tasks.synth import oracle_actions
-
     calls = [c for c in oracle_actions(task) if c.arguments]
     view = next((c for c in calls if c.name == "view"), None)
     edits = [c for c in calls if c.name != "view"]
@@ -171,8 +166,6 @@ def fix_turns(task: Task) -> list[Message] | None:
 
 def task_episode(task: Task, rng: random.Random) -> list[Message] | None:
     """The known fix of `task` as drill turns: the view, then (after the real file) the edit; or one of them."""
-    from flywheel.tasks.synth import oracle_actions
-
     calls = [c for c in oracle_actions(task) if c.arguments]
     if not calls:
         return None

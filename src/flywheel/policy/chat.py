@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tokenizers import Tokenizer
+
 from flywheel.types import Message, ToolCall, ToolCallError
 
 if TYPE_CHECKING:
@@ -284,8 +286,6 @@ class ChatFormat:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None):
-        from tokenizers import Tokenizer
-
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise TypeError("ChatFormat needs a fast (Rust `tokenizers`-backed) Hugging Face tokenizer")
@@ -541,7 +541,10 @@ def parse_turn(text: str, tools: dict[str, dict]) -> ParsedTurn:
             pos = stop
             continue
         result = _parse_call(text[body_start:end], tools, index)
-        (turn.tool_calls if isinstance(result, ToolCall) else turn.errors).append(result)
+        if isinstance(result, ToolCall):
+            turn.tool_calls.append(result)
+        else:
+            turn.errors.append(result)
         index += 1
         pos = end + len(TOOL_CALL_CLOSE)
     turn.content = "".join(content)

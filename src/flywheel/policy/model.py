@@ -81,10 +81,12 @@ def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
     return model
 
 
-def save_model(model: PreTrainedModel, path: str | Path) -> Path:
+def save_model(model: torch.nn.Module, path: str | Path) -> Path:
     """Save as safetensors + config.json (a directory `load_model` and any HF tool can read)."""
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"save_model takes a transformers model, got {type(model).__name__}")
     model.save_pretrained(p, safe_serialization=True)
     return p
 

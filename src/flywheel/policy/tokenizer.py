@@ -29,6 +29,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
 from flywheel.config import TokenizerConfig
 from flywheel.policy.chat import (
     CHAT_TEMPLATE,
@@ -57,9 +60,6 @@ _CHAT_FRACTION = 0.2  # share of default_corpus bytes spent on synthetic transcr
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, min_frequency: int = 2) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of exactly `vocab_size` tokens (fewer if the corpus has too few pairs)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < _MIN_VOCAB:
         raise ValueError(f"vocab_size must be an int >= {_MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} "
                          f"special tokens), got {vocab_size!r}")
@@ -99,8 +99,6 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, path: str | Path) -> None:
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """Load a tokenizer dir written by `save_tokenizer` (or any HF dir with a tokenizer.json)."""
-    from transformers import PreTrainedTokenizerFast
-
     path = Path(path).expanduser()
     if not path.is_dir():
         raise ValueError(f"tokenizer directory {str(path)!r} does not exist; set tokenizer.path to a directory "

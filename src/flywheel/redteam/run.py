@@ -29,7 +29,7 @@ class Played:
     target: Target
     reward: Reward
     grade_s: float
-    workspace: Path  # a copy of the final workspace (the caller removes it), or None
+    workspace: Path | None  # a copy of the final workspace (the caller removes it), or None
     tool_log: list[dict]
 
 
@@ -50,7 +50,7 @@ def play(target: Target, calls: list[ToolCall], cfg: EnvConfig, cache_dir: Path,
         if keep:
             kept = Path(tempfile.mkdtemp(prefix="flywheel-redteam-"))
             shutil.copytree(env.sandbox.workspace, kept / "ws", symlinks=True)
-        return Played(target, reward, grade_s, kept, list(env.harness.log))
+        return Played(target, reward, grade_s, kept, list(env.harness.log) if env.harness is not None else [])
 
 
 def regrade(played: Played, cfg: EnvConfig, *, integrity: bool) -> tuple[Reward, float]:

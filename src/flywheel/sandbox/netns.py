@@ -35,7 +35,7 @@ from collections.abc import Iterator
 
 from flywheel.sandbox.workspace import libc
 
-__all__ = ["POOL", "NetnsPool", "available", "entered"]
+__all__ = ["POOL", "NetnsPool", "available", "entered", "fresh"]
 
 _CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
@@ -98,6 +98,11 @@ class NetnsPool:
 
 
 POOL = NetnsPool()
+
+
+def fresh() -> int:
+    """A new namespace (loopback up) that is never lent again: the caller closes its fd when done."""
+    return _make()
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ adversarial sandbox test run through this path).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import hashlib
 import os
@@ -165,7 +166,6 @@ def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: s
     rc = libc().mount(None if src is None else src.encode(), target.encode(),
                        None if fstype is None else fstype.encode(), flags, None if data is None else data.encode())
     if rc != 0:
-        import ctypes
         err = ctypes.get_errno()
         raise OSError(err, f"mount {src} on {target}: {os.strerror(err)}")
 

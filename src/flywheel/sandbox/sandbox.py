@@ -22,7 +22,8 @@ capabilities and no_new_privs.
 The system view is one ``--dev-bind`` of a read-only root prepared once per process (`rootfs.py`):
 bwrap parses the host's whole mount table for every bind it makes, so fewer binds is what made it fast.
   Covers: no network (a network namespace holding only its own loopback: as root one lent for the
-  sandbox's life by `netns.py`, else a fresh one per command); read-only system (/usr, /etc and the
+  sandbox's life by `netns.py` or the task's own where its services run (`services.py`), else a fresh one per
+  command); read-only system (/usr, /etc and the
   Python installation bound read-only, nothing else of the host visible: not /root, not /work, not
   other sandboxes, not the task base); the workspace (at ``/workspace``) and a private tmpfs /tmp are
   the only writable paths; every process the command started dies with it (pid-namespace teardown),
@@ -195,10 +196,17 @@ def _reap_once(tmp_root: str) -> int:
 class _BaseSandbox(abc.ABC):
     kind = ""
 
-    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None, *,
+                 netns_fd: int | None = None, env: dict[str, str] | None = None) -> None:
         if not isinstance(limits, SandboxLimits):
             raise TypeError(f"limits must be a SandboxLimits (got {type(limits).__name__})")
+        if netns_fd is not None and not netns.available():
+            raise ValueError("a sandbox in a given network namespace (a task's services) needs root with network "
+                             "namespaces")
         self.limits = limits
+        self._given_netns = netns_fd  # the task's own namespace (services live there); not ours to release
+        self._env(env, home="", tmp="")  # checks it
+        self._base_env = dict(env or {})
         self._owner_pid = os.getpid()  # a forked child inherits this object but must not tear it down
         _reap_once(tmp_root or default_tmp_root())
         self.uid = UIDS.acquire() if is_root() else None
@@ -285,7 +293,8 @@ class _BaseSandbox(abc.ABC):
             if self._closed:
                 raise ValueError("this sandbox is closed; create a new one")
             self._num_runs += 1
-        run_env = self._run_env(env)
+        # the sandbox's own variables (a task's services: PGHOST, ...) under the call's
+        run_env = self._run_env({**self._base_env, **(env or {})} if self._base_env else env)
         # Output goes to memfds, not pipes: a background process that keeps stdout open does not make
         # us wait for the timeout, and there is no file to create and unlink per command.
         fds = [memfd("stdout"), memfd("stderr")]
@@ -402,12 +411,14 @@ class BwrapSandbox(_BaseSandbox):
     _wants_info_fd = True
     _limits_in_script = True  # False once the exec helper sets them
 
-    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
-        super().__init__(base, limits, tmp_root)
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None, *,
+                 netns_fd: int | None = None, env: dict[str, str] | None = None) -> None:
+        super().__init__(base, limits, tmp_root, netns_fd=netns_fd, env=env)
         self.inner_workspace = BWRAP_WORKSPACE
         # As root, one network namespace lent for the sandbox's life (`netns.py`) instead of a new one per
-        # command (--unshare-net), which costs ~20 % of a bwrap start.
-        self._netns = netns.POOL.acquire() if netns.available() else None
+        # command (--unshare-net), which costs ~20 % of a bwrap start; or the task's own (its services).
+        self._netns: int | None = netns_fd if netns_fd is not None else (
+            netns.POOL.acquire() if netns.available() else None)
         try:
             self._prefix = self._build_prefix(tmp_root)
         except BaseException:  # hand back the workspace, uid and namespace taken so far
@@ -445,9 +456,9 @@ class BwrapSandbox(_BaseSandbox):
 
     def _released(self) -> None:
         super()._released()
-        if self._netns is not None:
+        if self._netns is not None and self._netns != self._given_netns:
             netns.POOL.release(self._netns)
-            self._netns = None
+        self._netns = None
 
     def _after_timeout(self, info_r: int) -> None:
         # Killing bwrap SIGKILLs the namespace's pid 1 (--die-with-parent); the kernel then kills every
@@ -531,22 +542,28 @@ class LocalSandbox(_BaseSandbox):
 
     kind = "local"
 
-    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None) -> None:
-        super().__init__(base, limits, tmp_root)
+    def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None, *,
+                 netns_fd: int | None = None, env: dict[str, str] | None = None) -> None:
+        super().__init__(base, limits, tmp_root, netns_fd=netns_fd, env=env)
         self._tmp = self._ws.scratch("tmp", owner_uid=self.uid)
         if self.uid is None:
             self._prefix = ["bash", "-c"]
             return
         fstab = _python_view_fstab()
+        # no network: a new namespace per command, or the task's own one entered at spawn (`_spawning`)
+        net = [] if netns_fd is not None else ["--net"]
         if fstab is None:
-            self._prefix = ["unshare", "--net", *self._setpriv(), "bash", "-c"]
+            self._prefix = (["unshare", *net] if net else []) + [*self._setpriv(), "bash", "-c"]
         else:  # a private mount namespace that shows the interpreter to the sandbox uid
             setpriv = " ".join(self._setpriv())
-            self._prefix = ["unshare", "--net", "--mount", "--propagation", "private", "bash", "-c",
+            self._prefix = ["unshare", *net, "--mount", "--propagation", "private", "bash", "-c",
                             f"mount -a -T {fstab} || exit 126\nexec {setpriv} bash -c \"$1\"", "sandbox-setup"]
 
     def _argv(self, script: str, info_fd: int, path: str) -> list[str]:
         return [*self._prefix, script]
+
+    def _spawning(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self._given_netns is None else netns.entered(self._given_netns)
 
     def _run_env(self, env: dict[str, str] | None) -> dict[str, str]:
         return self._env(env, home=str(self.workspace), tmp=str(self._tmp))
@@ -557,12 +574,16 @@ class LocalSandbox(_BaseSandbox):
 
 
 def create_sandbox(base: Path, limits: SandboxLimits | None = None, kind: str = "auto",
-                   tmp_root: str | None = None) -> BwrapSandbox | LocalSandbox:
-    """A sandbox whose workspace is a copy-on-write view of `base` (see `materialize_base`)."""
+                   tmp_root: str | None = None, *, netns_fd: int | None = None,
+                   env: dict[str, str] | None = None) -> BwrapSandbox | LocalSandbox:
+    """A sandbox whose workspace is a copy-on-write view of `base` (see `materialize_base`).
+
+    `netns_fd`: run its commands in this network namespace (a task's services, `services.py`; the caller keeps
+    it) instead of one of their own; `env`: variables every command gets (under those of the call)."""
     resolved = resolve_kind(kind)
     limits = SandboxLimits() if limits is None else limits
     cls = BwrapSandbox if resolved == "bwrap" else LocalSandbox
-    return cls(Path(base), limits, tmp_root=tmp_root)
+    return cls(Path(base), limits, tmp_root=tmp_root, netns_fd=netns_fd, env=env)
 
 
 def describe_host(tmp_root: str | None = None) -> dict[str, object]:

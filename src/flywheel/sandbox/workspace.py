@@ -270,6 +270,7 @@ class _Closer:
                 then()
 
     def submit(self, ws: Workspace, then: Callable[[], None] | None) -> None:
+        fut: Future | None
         with self._lock:
             try:
                 if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no threads
@@ -296,8 +297,9 @@ class _Closer:
             pending = list(self._pending)
         _, not_done = futures_wait(pending, timeout=timeout_s)
         for fut in pending:
-            if fut.done() and fut.exception() is not None:
-                raise fut.exception()
+            err = fut.exception() if fut.done() else None
+            if err is not None:
+                raise err
         return not not_done
 
 

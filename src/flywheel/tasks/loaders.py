@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from flywheel.sandbox.services import parse_services
 from flywheel.sandbox.workspace import base_permissions, materialize_base
 from flywheel.tasks import minitest
 from flywheel.types import Task, TaskLimits
@@ -193,7 +194,8 @@ def parse_flywheel(d: dict[str, Any], repos_dir: str | Path | None = None) -> Ta
         test_patch=_str(d, "test_patch", required=False) or None, fail_to_pass=_str_list(d, "fail_to_pass"),
         pass_to_pass=_str_list(d, "pass_to_pass"), test_command=_str(d, "test_command", required=False,
                                                                       default="python -m pytest -q"),
-        limits=TaskLimits(**limits), solution=_str_dict(d, "solution") if solution is not None else None, meta=meta)
+        limits=TaskLimits(**limits), solution=_str_dict(d, "solution") if solution is not None else None, meta=meta,
+        services=_services(d))
     if task.repo is not None:
         path = _find_repo(task.repo, repos_dir)
         task.repo = str(path.resolve())
@@ -202,6 +204,16 @@ def parse_flywheel(d: dict[str, Any], repos_dir: str | Path | None = None) -> Ta
         _check_commit(path, task.commit)
     _check_task(task)
     return task
+
+
+def _services(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's service declarations, checked (`sandbox/services.py`: kinds, keys, a PostgreSQL installed)."""
+    items = d.get("services") or []
+    try:
+        parse_services(items)
+    except ValueError as err:
+        raise BrokenTask(f"field 'services': {err}") from None
+    return list(items)
 
 
 def _check_task(task: Task) -> None:

@@ -84,7 +84,7 @@ def _load(path: str):
     return module
 
 
-def collect(module, only: list[str] | None) -> list[tuple[list[str], object]]:
+def collect(module, only: list[list[str]] | None) -> list[tuple[list[str], object]]:
     """[(name parts after the file, callable)] in definition order, restricted to node ids in `only`."""
     items: list[tuple[list[str], object]] = []
     for name, obj in vars(module).items():
@@ -147,7 +147,7 @@ def explain(tb) -> list[str]:
     frame, lineno = tb.tb_frame, tb.tb_lineno
     line = source_line(frame.f_code.co_filename, lineno)
     try:
-        node = compile(line, "<assert>", "exec", ast.PyCF_ONLY_AST).body[0]
+        node = compile(line, "<assert>", "exec", ast.PyCF_ONLY_AST).body[0]  # type: ignore[attr-defined]
     except (SyntaxError, IndexError):
         return []
     if not isinstance(node, ast.Assert) or not isinstance(node.test, ast.Compare) or len(node.test.ops) != 1:
@@ -169,6 +169,7 @@ def explain(tb) -> list[str]:
 def failure_text(err: BaseException) -> tuple[str, str]:
     """(one-line message, the report section) for a failed test, shaped like pytest's."""
     tb = last = err.__traceback__
+    assert last is not None, "failure_text takes a raised exception"
     while last.tb_next is not None:  # the innermost frame (the runner's own frame when it is the only one)
         last = last.tb_next
     filename, lineno = last.tb_frame.f_code.co_filename, last.tb_lineno

@@ -40,7 +40,7 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"torch_cuda_{i}"] = s
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple (its stub also allows a dict)
     meta = {"python": [py[0], list(py[1]), py[2]],
             "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
     return tensors, meta

@@ -133,7 +133,8 @@ def shard_model(model: torch.nn.Module, group: RankGroup, cfg: TrainerConfig) ->
     """FSDP2 over `group.mesh`: each decoder layer, then the root (embedding, final norm, tied head).
     The model must be on the CPU (or its device) with identical weights on every rank; returns it, sharded."""
     if cfg.activation_checkpointing:  # before sharding: recompute wraps each layer call in torch.utils.checkpoint
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(  # type: ignore[operator]  # a transformers PreTrainedModel
+            gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(group.device)
     mp = None
     if cfg.dtype == "bfloat16":  # bf16 compute, fp32 reduction, fp32 master weights in the optimizer

@@ -42,7 +42,7 @@ CORRECTIONS = ("none", "tis", "tis_seq", "mis", "icepop")
 AGGREGATIONS = ("token_mean", "seq_mean", "token_sum")
 
 
-def _check_same_shape(**tensors: torch.Tensor) -> None:
+def _check_same_shape(**tensors: torch.Tensor | None) -> None:
     shapes = {k: tuple(v.shape) for k, v in tensors.items() if v is not None}
     if len(set(shapes.values())) > 1:
         raise ValueError(f"log-prob and mask tensors must share one [B, T] shape; got {shapes}")

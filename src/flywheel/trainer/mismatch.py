@@ -47,7 +47,7 @@ def mismatch_metrics(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Ten
     # one value per sequence: take the first row of each sequence that has loss tokens
     idx = torch.unique(torch.as_tensor(seq_ids).flatten(), return_inverse=True)[1] if seq_ids is not None \
         else torch.arange(d_all.shape[0])
-    first = {}
+    first: dict[int, int] = {}
     for row, s in enumerate(idx.tolist()):
         if seq_tokens[row] > 0:
             first.setdefault(s, row)

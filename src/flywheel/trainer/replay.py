@@ -27,6 +27,7 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -99,12 +100,13 @@ def router_replay(model: torch.nn.Module, routed_experts: torch.Tensor | None,
     if routed_experts.dim() != 4:
         raise ValueError(f"routed_experts must be [B, T, layers, k]; got shape {tuple(routed_experts.shape)}")
     b, t, num_layers, k = routed_experts.shape
-    if num_layers != len(routers) or k != routers[0].top_k:
+    first: Any = routers[0]  # a TopKRouter: top_k and num_experts are ints, weight a parameter
+    if num_layers != len(routers) or k != first.top_k:
         raise ValueError(f"routed_experts has {num_layers} layers x top-{k} but the model has {len(routers)} MoE "
-                         f"layers x top-{routers[0].top_k}; the sampler and trainer models differ")
-    if int(routed_experts.max()) >= routers[0].num_experts:
-        raise ValueError(f"routed expert id {int(routed_experts.max())} >= num_experts {routers[0].num_experts}")
-    device = routers[0].weight.device
+                         f"layers x top-{first.top_k}; the sampler and trainer models differ")
+    if int(routed_experts.max()) >= first.num_experts:
+        raise ValueError(f"routed expert id {int(routed_experts.max())} >= num_experts {first.num_experts}")
+    device = first.weight.device
     experts_bt = routed_experts.reshape(b * t, num_layers, k).to(device=device, dtype=torch.long)
     saved = [r.__dict__.get("forward") for r in routers]
     stats.layer_replayed, stats.layer_agree = [0] * len(routers), [0] * len(routers)

@@ -127,7 +127,7 @@ def sft_train(model: torch.nn.Module, examples: Sequence[tuple[Sequence[int], Se
     batches_per_epoch = len(pack_micro_batches([len(examples[i][0]) for i in usable], p.batch_tokens))
     num_steps = p.num_steps or p.num_epochs * batches_per_epoch
     params_ = [q for q in model.parameters() if q.requires_grad]
-    opt = torch.optim.AdamW(params_, lr=p.lr, betas=tuple(p.betas), weight_decay=p.weight_decay)
+    opt = torch.optim.AdamW(params_, lr=p.lr, betas=(p.betas[0], p.betas[1]), weight_decay=p.weight_decay)
     max_norm = p.grad_clip if p.grad_clip > 0 else float("inf")
     model.train()
     queue: list[list[int]] = []

@@ -109,7 +109,7 @@ def load_single_process(state: dict[str, Any], model: torch.nn.Module, optimizer
     if len(names) < len(osd["state"]):
         raise ValueError(f"the checkpoint has optimizer state for {len(osd['state'])} parameters, the model has "
                          f"{len(names)}; build the model with the run's config")
-    full_osd = {"state": {names[int(i)]: st for i, st in osd["state"].items()},
+    full_osd: dict[str, Any] = {"state": {names[int(i)]: st for i, st in osd["state"].items()},
                 "param_groups": [dict(g, params=[names[int(i)] for i in g["params"]]) for g in osd["param_groups"]]}
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=full_osd,
                    options=StateDictOptions(full_state_dict=True))
@@ -127,7 +127,7 @@ def read_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.opti
                          "a sharded trainer")
     state = json.loads((p / "state.json").read_text())
     msd, osd = get_state_dict(model, optimizer)
-    target = {"model": msd, "optim": osd}
+    target: dict[str, Any] = {"model": msd, "optim": osd}
     if group is None:
         dcp.load(target, checkpoint_id=str(p / "dcp"), no_dist=True)
     else:

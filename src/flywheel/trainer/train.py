@@ -311,7 +311,7 @@ class Trainer:
         rows = rows_from_trajectories(good)
         if not rows:
             return {"step_skipped": 1.0, "num_skipped": float(num_skipped), "version": float(self.version)}
-        rewards = [t.reward.value for t in good]
+        rewards = [t.graded.value for t in good]
         advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
         advantages = weight_negatives(advantages, self.cfg.negative_weight)
         lengths = [len(r.input_ids) for r in rows]

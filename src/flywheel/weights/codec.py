@@ -170,6 +170,7 @@ def _pack_field(f: np.ndarray, w: int) -> np.ndarray:
         f = np.concatenate([f, np.zeros(per - num % per, np.uint8)])
     # multiply-shift gathers the bytes' low bits into the top byte (no carries: the partial products
     # land on disjoint bit ranges, and those past the word's width fall off)
+    u: np.ndarray
     if w == 2:
         u = f.view("<u4") * np.uint32(0x01041040)
         return (u >> np.uint32(24)).astype(np.uint8)
@@ -210,7 +211,7 @@ def pack_bits(x: np.ndarray, k: int) -> np.ndarray:
 def unpack_bits(buf: np.ndarray, k: int, num: int, dtype: type = np.uint32) -> np.ndarray:
     """`num` values of `k` bits from uint8 `buf` (length `packed_bits_len(num, k)`), as `dtype`
     (as uint8 when k <= 8, which ORs into any wider integer array without a copy of its own)."""
-    out = None
+    out: np.ndarray | None = None
     off = 0
     for shift, w in _bit_fields(k):
         nbytes = -(-num * w // 8)
@@ -232,10 +233,11 @@ def unpack_bits(buf: np.ndarray, k: int, num: int, dtype: type = np.uint32) -> n
 def _pack(mode: int, itemsize: int, k: int, n: int, num_changed: int, sections: list, level: int) -> bytes:
     """Frame `sections`: each is a buffer (zstd at `level`, kept raw if that does not shrink it) or a
     pair (buffer, how) with how = "raw" (never compressed) or "entropy" (the entropy-only zstd)."""
-    heads, bodies = [], []
+    heads: list[bytes] = []
+    bodies: list[bytes | memoryview] = []
     for s in sections:
         raw, how = s if isinstance(s, tuple) else (s, level)
-        raw = memoryview(np.ascontiguousarray(raw)).cast("B") if isinstance(raw, np.ndarray) else memoryview(raw)
+        raw = np.ascontiguousarray(raw).data.cast("B") if isinstance(raw, np.ndarray) else memoryview(raw)
         comp = None
         if how != "raw" and raw.nbytes >= _MIN_ZSTD:
             comp = _compressor(None if how == "entropy" else how).compress(raw)
@@ -265,7 +267,7 @@ def _unpack(blob: bytes) -> tuple[int, int, int, int, int, list]:
     sections = []
     dctx = _decompressor()
     for flag, length in heads:
-        body = view[off:off + length]
+        body: bytes | memoryview = view[off:off + length]
         if len(body) != length:
             raise CodecError(f"chunk is truncated: a section needs {length} bytes, {len(body)} remain")
         off += length
@@ -312,8 +314,8 @@ def encode_chunk(new: np.ndarray, old: np.ndarray | None, level: int = 3) -> byt
     gdt = _gap_dtype(n)
     k = max(0, min(8 * np.dtype(gdt).itemsize - 1, int(np.log2(max((n - m) / m * 0.5, 1.0)))))
     sym = np.empty(m, np.uint8)
-    low = np.empty(m, np.uint8 if k <= 8 else gdt)
-    q_exc = np.empty(m, gdt)
+    low: np.ndarray = np.empty(m, np.uint8 if k <= 8 else gdt)
+    q_exc: np.ndarray = np.empty(m, gdt)
     v_exc = np.empty(m, new.dtype)
     num_q, num_v = encode_sparse(words, new, old, k, sym, low, q_exc, v_exc)
     sections = [(sym, "entropy"), (pack_bits(low, k), "raw"), q_exc[:num_q], np.concatenate(_planes(v_exc[:num_v]))]
@@ -359,7 +361,7 @@ def decode_chunk(blob: bytes, old: np.ndarray | None, out: np.ndarray) -> np.nda
         raise CodecError("sparse chunk has the wrong sections; the chunk is corrupt")
     sym = plane(0, m)
     low = unpack_bits(plane(1, packed_bits_len(m, k)), k, m, gdt) if k else np.zeros(m, np.uint8)
-    q_exc = np.frombuffer(sec[2], gdt)
+    q_exc: np.ndarray = np.frombuffer(sec[2], gdt)
     if len(sec[3]) % size:
         raise CodecError("sparse chunk value escapes have a partial element; the chunk is corrupt")
     num_v = len(sec[3]) // size

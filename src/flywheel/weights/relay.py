@@ -39,6 +39,7 @@ class HttpStore:
             raise ValueError(f"relay URL '{url}' must look like http://host:port")
         self.url = url.rstrip("/")
         self._parsed = parsed
+        self._host = parsed.hostname
         self.timeout_s = timeout_s
         self._local = threading.local()
 
@@ -49,7 +50,7 @@ class HttpStore:
         c = getattr(self._local, "conn", None)
         if c is None:
             cls = http.client.HTTPSConnection if self._parsed.scheme == "https" else http.client.HTTPConnection
-            c = self._local.conn = cls(self._parsed.hostname, self._parsed.port, timeout=self.timeout_s)
+            c = self._local.conn = cls(self._host, self._parsed.port, timeout=self.timeout_s)
         return c
 
     def _get(self, path: str) -> bytes:
@@ -142,6 +143,7 @@ class RelayServer:
 
     # --- upstream / store access
     async def _upstream_get(self, path: str) -> bytes:
+        assert self._session is not None and self.upstream is not None, "relay mode only"
         async with self._sem:
             async with self._session.get(self.upstream + path) as r:
                 body = await r.read()
@@ -243,7 +245,7 @@ class RelayServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]
         self.url = f"http://{self.host}:{self.port}"
         return self.url
 

@@ -205,8 +205,10 @@ class ShardedPublisher:
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
         for r, plan in recv_plan.items():
+            if r not in inbox:  # nothing to receive from r (or r is this rank)
+                continue
             pos = 0
-            data = inbox.get(r)
+            data = inbox[r]
             for name, i, lo, hi in plan:
                 size = layouts[name].itemsize
                 owned[(name, i)][lo:hi] = data[pos:pos + (hi - lo) * size].numpy().view(owned[(name, i)].dtype)
@@ -261,6 +263,7 @@ class ShardedPublisher:
         gathered = self.group.gather_objects({"records": records, "encode_ms": encode_ms, "sent": sent})
         result: Any = None
         if self.group.is_main:
+            assert gathered is not None, "the main rank receives every rank's records"
             try:
                 result = self._write_manifest(version, anchor, compatible, layouts, gathered)
                 result.update(snapshot_ms=snapshot_ms, publish_ms=(time.perf_counter() - t0) * 1e3)

@@ -101,6 +101,8 @@ class WeightStore:
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Publish a version: call only after all its chunks are stored."""
         version = manifest.get("version")
+        if not isinstance(version, int):
+            raise ValueError(f"a manifest needs an integer 'version', got {version!r}")
         path = self._manifest_path(version)
         if self.fs.exists(path):
             raise ValueError(f"version {version} already exists in '{self.url}'; versions are immutable")

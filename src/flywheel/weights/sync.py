@@ -34,8 +34,18 @@ import numpy as np
 import torch
 
 from flywheel.weights.codec import CodecError, chunk_num_changed
+from flywheel.weights.relay import HttpStore
 from flywheel.weights.store import MANIFEST_FORMAT, StoreError, WeightStore, chunk_id
-from flywheel.weights.tensors import decode_tensor, dtype_name, encode_tensor, from_bits, manifest_hash, tensor_hash, to_bits
+from flywheel.weights.tensors import (
+    DTYPES,
+    decode_tensor,
+    dtype_name,
+    encode_tensor,
+    from_bits,
+    manifest_hash,
+    tensor_hash,
+    to_bits,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +62,6 @@ def open_source(source: Any):
     """A readable store: a WeightStore/HttpStore as is, an http(s) URL as HttpStore, else a WeightStore."""
     if isinstance(source, str):
         if source.startswith(("http://", "https://")):
-            from flywheel.weights.relay import HttpStore
-
             return HttpStore(source)
         return WeightStore(source)
     for attr in ("list_versions", "read_manifest", "get_chunk"):
@@ -128,8 +136,8 @@ class Publisher:
 
     def _publish(self, version: int, snap: dict, snapshot_ms: float) -> dict:
         t0 = time.perf_counter()
-        prev = self._prev
-        compatible = prev is not None and set(prev) == set(snap) and all(
+        prev = self._prev or {}
+        compatible = self._prev is not None and set(prev) == set(snap) and all(
             prev[k][1:] == snap[k][1:] for k in snap)
         anchor = (not compatible or self._last_anchor is None
                   or version - self._last_anchor >= self.anchor_every)
@@ -388,8 +396,6 @@ class Subscriber:
 
 
 def _itemsize(dt: str) -> int:
-    from flywheel.weights.tensors import DTYPES
-
     if dt not in DTYPES:
         raise ValueError(f"manifest dtype '{dt}' is unknown")
     return torch.empty(0, dtype=DTYPES[dt]).element_size()

@@ -65,12 +65,12 @@ def from_bits(bits: np.ndarray, dtype: str, shape: Sequence[int]) -> torch.Tenso
 
 def bits_hash(bits: np.ndarray) -> str:
     """Manifest format 1: sha256 of the whole tensor's raw bytes."""
-    return hashlib.sha256(memoryview(np.ascontiguousarray(bits)).cast("B")).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(bits).data.cast("B")).hexdigest()
 
 
 def range_digest(bits: np.ndarray) -> bytes:
     """The leaf of `tensor_hash`: sha256 digest of one chunk range's raw bytes."""
-    return hashlib.sha256(memoryview(np.ascontiguousarray(bits)).cast("B")).digest()
+    return hashlib.sha256(np.ascontiguousarray(bits).data.cast("B")).digest()
 
 
 def combine_digests(digests: Sequence[bytes]) -> str:

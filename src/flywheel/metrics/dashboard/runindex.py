@@ -391,7 +391,8 @@ class RunIndex:
             self.file_problems = []
             self.config = _read_json(self.path / "config.json", self.file_problems)
             self.summary = _read_json(self.path / "summary.json", self.file_problems)
-            orch = self.config.get("orchestrator") if isinstance(self.config.get("orchestrator"), dict) else {}
+            orch = self.config.get("orchestrator")
+            orch = orch if isinstance(orch, dict) else {}
             self.trajectories.bucket_key = str(orch.get("task_bucket_key") or "")
         changed = {"records": self.metrics.poll(), "trajectories": self.trajectories.poll(),
                    "files": int(changed_small)}

@@ -62,7 +62,8 @@ class TokenDecoder:
     @classmethod
     def for_run(cls, run_dir: Path, config: dict[str, Any]) -> TokenDecoder | None:
         """The tokenizer a run used: `tokenizer.path` from its config, else `<run>/tokenizer`."""
-        tok_cfg = config.get("tokenizer") if isinstance(config.get("tokenizer"), dict) else {}
+        tok_cfg = config.get("tokenizer")
+        tok_cfg = tok_cfg if isinstance(tok_cfg, dict) else {}
         for d in [tok_cfg.get("path"), run_dir / "tokenizer", run_dir / "base_model", run_dir / "final_model"]:
             if d and (Path(d) / "tokenizer.json").is_file():
                 try:

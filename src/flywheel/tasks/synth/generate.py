@@ -31,13 +31,14 @@ tests and to write mid-training transcripts.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import random
 import re
 from pathlib import Path
 from typing import Any
 
-from flywheel.tasks.loaders import RUNNER_FILE, runner_source
+from flywheel.tasks.loaders import RUNNER_FILE, runner_source, save_tasks
 from flywheel.tasks.synth.mutations import instantiate, mutate, mutation_sites
 from flywheel.tasks.synth.templates import (
     DIFFICULTIES,
@@ -184,7 +185,8 @@ def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind,
     vis_file, hid_file = f"test_{module}.py", f"test_{module}_hidden.py"
     vis_src, hid_src = _test_file(module, names, vis), _test_file(module, names, hid)
     # Verify the files themselves: the original passes every test, the mutant fails at least one.
-    f2p, p2p = [], []
+    f2p: list[str] = []
+    p2p: list[str] = []
     for path, tsrc in ((vis_file, vis_src), (hid_file, hid_src)):
         good = run_tests_inprocess(module, orig_src, tsrc)
         bad = run_tests_inprocess(module, module_src, tsrc)
@@ -230,7 +232,6 @@ def with_runner(task: Task, runner: str) -> Task:
     _check_runner(runner)
     if runner == "pytest":
         return task
-    import dataclasses
 
     src = runner_source()
     return dataclasses.replace(task, files={**task.files, RUNNER_FILE: src},
@@ -265,8 +266,6 @@ def generate_tasks(n: int, seed: int = 0, split: Split = "train", difficulty: st
 def write_tasks(path: str | Path, n: int, seed: int = 0, split: Split = "train",
                 difficulty: str | None = None, runner: str = "minitest") -> list[Task]:
     """Generate and save as flywheel JSONL (readable by `flywheel.tasks.loaders.load_tasks`)."""
-    from flywheel.tasks.loaders import save_tasks
-
     tasks = generate_tasks(n, seed=seed, split=split, difficulty=difficulty, runner=runner)
     save_tasks(tasks, path)
     return tasks

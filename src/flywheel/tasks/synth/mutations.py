@@ -96,7 +96,7 @@ def _bump(expr: ast.expr, r: random.Random) -> ast.expr:
 def mutate(tree: ast.Module, kind: str, ordinal: int, r: random.Random) -> ast.Module:
     tree = copy.deepcopy(tree)
     parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
-    node = list(ast.walk(tree))[ordinal]
+    node: Any = list(ast.walk(tree))[ordinal]  # `kind` fixes its node class (the sites finder chose it)
     if kind == "operator":
         if isinstance(node, (ast.BinOp, ast.AugAssign)):
             node.op = _BIN_SWAP[type(node.op)]()
