@@ -50,7 +50,7 @@ from flywheel.numerics.lm_head import use_fp32_lm_head
 from flywheel.policy.model import build_model
 from flywheel.trainer.replay import record_routing, router_replay
 from flywheel.trainer.train import Trainer
-from flywheel.types import Reward, SamplingParams, Segment, Trajectory
+from flywheel.types import Generation, Reward, SamplingParams, Segment, Trajectory
 
 VOCAB = 2048
 
@@ -118,7 +118,7 @@ def _replay_mismatch(model, prompts, params, repeats: int = 1) -> dict:
     m16 = copy.deepcopy(model).to(torch.bfloat16)
     m16h = use_fp32_lm_head(copy.deepcopy(m16))
     tps: dict[str, list[float]] = {"bf16_head": [], "fp32_head": []}
-    gens = {}
+    gens: dict[str, list[Generation]] = {}
     for _ in range(repeats):
         for name, m in (("bf16_head", m16), ("fp32_head", m16h)):
             g, t = _serve(m, prompts, params, batch_invariant=False)
@@ -219,9 +219,9 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
     model = build_model(ModelConfig(preset=preset, max_seq_len=1024), vocab_size=VOCAB)
     moe = preset == "tiny-moe"
     prompts, params = _workload(quick)
-    engine_tps = {"default": [], "batch_invariant": []}
-    engine_cpu = {"default": [], "batch_invariant": []}
-    gens = {}
+    engine_tps: dict[str, list[float]] = {"default": [], "batch_invariant": []}
+    engine_cpu: dict[str, list[float]] = {"default": [], "batch_invariant": []}
+    gens: dict[str, list[Generation]] = {}
     for _ in range(repeats):
         for mode in engine_tps:
             g, tps = _serve(model, prompts, params, mode == "batch_invariant", engine_cpu[mode])
