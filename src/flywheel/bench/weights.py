@@ -91,11 +91,13 @@ def rl_checkpoints(quick: bool, lr: float | None, num_steps: int,
 
     _, base, tokenizer_dir, _, train, _ = base_policy(quick, base_dir)
     run_dir = bench_root(quick) / f"weights-lr{'demo' if lr is None else f'{lr:g}'}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    settings = ["--weights.keep_versions", "1000"] + ([] if lr is None else ["--trainer.lr", str(lr)])
-    cfg = bench_config(run_dir, "async", quick, "local", settings, num_steps=num_steps)
-    run_rl(cfg, run_dir, base, tokenizer_dir, train)
     store = WeightStore(str(run_dir / "weights"))
+    if not (run_dir / "final_model").exists() or len(store.list_versions()) != num_steps + 1:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a finished run of this length is reused: delete it to redo
+        settings = ["--weights.keep_versions", "1000"] + ([] if lr is None else ["--trainer.lr", str(lr)])
+        cfg = bench_config(run_dir, "async", quick, "local", settings, num_steps=num_steps)
+        run_rl(cfg, run_dir, base, tokenizer_dir, train)
+        store = WeightStore(str(run_dir / "weights"))
     out = []
     for v in store.list_versions():
         sub = Subscriber(_UpTo(store, v), num_threads=1)
@@ -233,7 +235,7 @@ def e2e_bench(snaps: list[dict[str, torch.Tensor]], num_subs: int, preset: str, 
 
     latencies, pauses, fetches = [], [], []
     try:
-        wait(0, 600)
+        wait(0, 300)
         for v in range(1, len(snaps)):
             t_pub = time.time()
             pub.publish(v, snaps[v])
@@ -262,8 +264,13 @@ def run(args: Any) -> dict:
     codec = codec_bench(quick, getattr(args, "base", None))
     preset = "tiny" if quick else "small"
     snaps = make_checkpoints(1e-6, num_warmup=3, num_versions=4, preset=preset)
-    e2e = {n: e2e_bench(snaps, n, preset, bandwidth_mbps=100.0) for n in ([1, 2] if quick else [1, 4, 16])}
-    top = max(e2e)
+    e2e, e2e_errors = {}, {}
+    for n in [1, 2] if quick else [1, 4, 16]:
+        try:
+            e2e[n] = e2e_bench(snaps, n, preset, bandwidth_mbps=100.0)
+        except TimeoutError as err:  # subscribers that cannot start on a loaded machine: keep the codec figures
+            e2e_errors[str(n)] = str(err)
+    top = max(e2e, default=0)
     summary: dict[str, Any] = {"num_params_rl": codec["demo_rl_float32"]["num_params"], "e2e_preset": preset}
     for name, c in codec.items():  # demo_rl / lr1e-6, float32 (as published) / bfloat16
         med, lag = c["median_consecutive"], c["median_lag4"]
@@ -277,12 +284,12 @@ def run(args: Any) -> dict:
         "encode_gbps_1core_cpu": _median([c["median_consecutive"]["encode_gbps_cpu"] for c in codec.values()]),
         "decode_gbps_1core_cpu": _median([c["median_consecutive"]["decode_gbps_cpu"] for c in codec.values()]),
         "bit_exact": all(v["bit_exact"] for v in codec.values()),
-        "pause_ms_p50": e2e[top]["pause_ms_p50"],
-        f"sync_ms_p50_{top}subs": e2e[top]["sync_ms_p50"], f"sync_ms_p99_{top}subs": e2e[top]["sync_ms_p99"],
+        **({"pause_ms_p50": e2e[top]["pause_ms_p50"], f"sync_ms_p99_{top}subs": e2e[top]["sync_ms_p99"]} if e2e else {}),
         **{f"sync_ms_p50_{n}subs": r["sync_ms_p50"] for n, r in e2e.items()},
         "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+        "e2e_errors": e2e_errors or None,
     })
-    return {"summary": summary, "codec": codec, "e2e": {str(k): v for k, v in e2e.items()}}
+    return {"summary": summary, "codec": codec, "e2e": {str(k): v for k, v in e2e.items()}, "e2e_errors": e2e_errors}
 
 
 if __name__ == "__main__":
