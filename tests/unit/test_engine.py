@@ -39,7 +39,10 @@ async def _together(engine, prompts, params):
     return await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params)))
 
 
-def test_sixteen_concurrent_sessions_equal_decoding_alone(tiny):
+def test_sixteen_concurrent_sessions_match_decoding_alone(tiny):
+    """Default mode (not batch-invariant): a row's linears and attention run inside the batch (no row padding,
+    one SDPA call over the longest row's keys), so log-probs may differ from decoding alone in the last bits;
+    numerics.batch_invariant makes them bit-identical (tests/unit/test_numerics.py)."""
     prompts = _prompts(16)
     rng = random.Random(1)
     params = [SamplingParams(max_new_tokens=rng.randint(4, 24), **GREEDY) for _ in prompts]
@@ -55,7 +58,7 @@ def test_sixteen_concurrent_sessions_equal_decoding_alone(tiny):
     alone, together = asyncio.run(main())
     for p, sp, a, t in zip(prompts, params, alone, together):
         assert t.token_ids == a.token_ids
-        assert t.logprobs == a.logprobs
+        assert max(abs(x - y) for x, y in zip(t.logprobs, a.logprobs)) < 1e-5  # measured: float32 rounding
         assert len(t.token_ids) == sp.max_new_tokens and t.finish_reason == "length"
         assert t.prompt_len == len(p) and t.versions == [0] * sp.max_new_tokens
         # the continuation is the model's own: each token is the argmax of a full HF forward

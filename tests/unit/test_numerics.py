@@ -233,6 +233,26 @@ def test_chunked_pv_and_decode_attention_are_extension_invariant():
         assert torch.allclose(own, ref.reshape(1, -1), atol=1e-5)
 
 
+def test_default_decode_attends_over_the_pool_with_holes_and_detach_frees_the_slot(models):
+    """Default mode: one masked SDPA call per layer over the pool's slot range (rows at slots 0 and 2, slot 1
+    given back by `detach`), each row attending over its own length only: the HF forward's logits."""
+    model = models["tiny"]
+    runner = Qwen3Runner(model, 512)
+    prompts = _prompts(3, seed=9, lo=20, hi=70)
+    caches = [runner.new_cache(len(p) + 8) for p in prompts]
+    for p, c in zip(prompts, caches):
+        runner.prefill(p, c)
+    stored = caches[1].k[:, :, :len(prompts[1])].clone()
+    kept = runner.detach(caches[1])
+    assert runner.kv_pool.num_live == 2 and kept.length == len(prompts[1]) and torch.equal(kept.k, stored)
+    logits, _ = runner.decode([5, 6], [caches[0], caches[2]])
+    assert caches[0].length == len(prompts[0]) + 1
+    with torch.no_grad():
+        for i, (p, t) in enumerate([(prompts[0], 5), (prompts[2], 6)]):
+            ref = model(torch.tensor([p + [t]])).logits[0, -1]
+            assert (logits[i] - ref).abs().max() < 1e-4, i
+
+
 def test_kv_pool_slots_growth_release_and_decode_with_holes(models):
     import gc
 

@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.bench.pipeline import _config, _settings, parse_seeds, summarize
+from flywheel.bench.pipeline import _settings, _swapped, bench_config, parse_seeds, summarize
 from flywheel.config import ConfigError
 
 
 def test_set_overrides_both_modes_but_not_the_bench_keys():
     settings = _settings(["trainer.correction=none", "trainer.num_steps=99"])
     for mode in ("sync", "async"):
-        cfg = _config(Path("/tmp/unused"), mode, False, "local", settings)
+        cfg = bench_config(Path("/tmp/unused"), mode, False, "local", settings)
         assert cfg.trainer.correction == "none" and cfg.orchestrator.mode == mode
         assert cfg.trainer.num_steps == 16  # the bench's step count wins: both runs take the same steps
 
@@ -20,7 +20,7 @@ def test_bad_set_pairs_are_refused_with_what_to_write():
     with pytest.raises(SystemExit, match="expected SECTION.KEY=VALUE"):
         _settings(["trainer.correction"])
     with pytest.raises(ConfigError, match="unknown key 'trainer.corection'"):
-        _config(Path("/tmp/unused"), "sync", False, "local", _settings(["trainer.corection=none"]))
+        bench_config(Path("/tmp/unused"), "sync", False, "local", _settings(["trainer.corection=none"]))
 
 
 def test_seeds_parse_and_bad_lists_say_what_to_write():
@@ -51,3 +51,18 @@ def test_summary_averages_the_pairs_and_measures_the_spread_over_seeds():
     # gaps -0.03, 0.02, 0: mean -1/300, sample sd sqrt(((-0.08/3)² + (0.07/3)² + (0.01/3)²) / 2) = 0.0251661
     assert three["passk_gap_se_seeds"] == pytest.approx(0.0251661 / 3 ** 0.5, rel=1e-5)
     assert three["passk_gap_se"] == pytest.approx((3 * 0.02 ** 2) ** 0.5 / 3)  # eval noise of the mean
+
+
+def test_summary_reports_the_pinned_pairs():
+    pair = _pair(300, 200, 0.9, 0.47, 0.44, 0.02)
+    pair["sync_pinned"] = {"wall_s": 240, "trainer_busy": 0.5}
+    pair["async_pinned"] = {"wall_s": 120, "trainer_busy": 0.95}
+    out = summarize([pair])
+    assert out["sync_over_async_wall_pinned"] == pytest.approx(2.0) and out["async_trainer_busy_pinned"] == 0.95
+    assert "sync_over_async_wall_pinned" not in summarize([_pair(300, 200, 0.9, 0.47, 0.44, 0.02)])
+
+
+def test_order_alternates_within_each_pair_of_runs():
+    runs = [("sync", "sync", "local", False), ("async", "async", "local", False),
+            ("sync_pinned", "sync", "local", True), ("async_pinned", "async", "local", True)]
+    assert [r[0] for r in _swapped(runs)] == ["async", "sync", "async_pinned", "sync_pinned"]

@@ -26,15 +26,18 @@ cost of fp32 logits;
 free forward differ from the sampler's. `replay_expert_agreement` (experts the trainer forward actually
 used == the sampler's, with replay) must be 1.0. One torch thread (tiny models on a shared machine).
 
-Engine cost: modes are interleaved per repeat and each repeat is one whole workload; the cost is
-1 - median(mode tokens/s) / median(default tokens/s) from wall time, and also from process CPU time
-(`*_cpu`), which other processes' load on a shared machine disturbs much less.
+Engine cost: measured against the engine's default mode, which pads no rows (linears run on exactly the live
+rows) and attends over all rows in one SDPA call per layer, so the cost is all that batch invariance adds
+(rows padded to 16, fixed 64-key tiles, 8-row query blocks). Modes are interleaved per repeat and each repeat
+is one whole workload; the cost is 1 - median(mode tokens/s) / median(default tokens/s) from wall time, and
+also from process CPU time (`*_cpu`), which other processes' load on a shared machine disturbs much less.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import random
 import statistics
 import time
@@ -47,7 +50,7 @@ from flywheel.numerics.lm_head import use_fp32_lm_head
 from flywheel.policy.model import build_model
 from flywheel.trainer.replay import record_routing, router_replay
 from flywheel.trainer.train import Trainer
-from flywheel.types import Reward, SamplingParams, Segment, Trajectory
+from flywheel.types import Generation, Reward, SamplingParams, Segment, Trajectory
 
 VOCAB = 2048
 
@@ -115,7 +118,7 @@ def _replay_mismatch(model, prompts, params, repeats: int = 1) -> dict:
     m16 = copy.deepcopy(model).to(torch.bfloat16)
     m16h = use_fp32_lm_head(copy.deepcopy(m16))
     tps: dict[str, list[float]] = {"bf16_head": [], "fp32_head": []}
-    gens = {}
+    gens: dict[str, list[Generation]] = {}
     for _ in range(repeats):
         for name, m in (("bf16_head", m16), ("fp32_head", m16h)):
             g, t = _serve(m, prompts, params, batch_invariant=False)
@@ -216,9 +219,9 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
     model = build_model(ModelConfig(preset=preset, max_seq_len=1024), vocab_size=VOCAB)
     moe = preset == "tiny-moe"
     prompts, params = _workload(quick)
-    engine_tps = {"default": [], "batch_invariant": []}
-    engine_cpu = {"default": [], "batch_invariant": []}
-    gens = {}
+    engine_tps: dict[str, list[float]] = {"default": [], "batch_invariant": []}
+    engine_cpu: dict[str, list[float]] = {"default": [], "batch_invariant": []}
+    gens: dict[str, list[Generation]] = {}
     for _ in range(repeats):
         for mode in engine_tps:
             g, tps = _serve(model, prompts, params, mode == "batch_invariant", engine_cpu[mode])
@@ -268,6 +271,7 @@ def run(args) -> dict:
     quick = bool(getattr(args, "quick", False))
     repeats = 1 if quick else 5
     threads = torch.get_num_threads()
+    load_start = os.getloadavg()
     torch.set_num_threads(1)
     try:
         presets = {p: _preset(p, quick, repeats) for p in ("tiny", "tiny-moe")}
@@ -313,5 +317,6 @@ def run(args) -> dict:
         "replay_trainer_cost_moe": moe["router_replay"]["trainer_cost"],
         "torch_threads": 1,
         "quick": quick,
+        "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
     }
     return {"summary": summary, "presets": presets}

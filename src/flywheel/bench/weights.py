@@ -1,21 +1,24 @@
-"""Weight-sync benchmark: `flywheel bench weights --out FILE [--quick]`.
+"""Weight-sync benchmark: `flywheel bench weights --out FILE [--quick] [--base runs/demo/base_model]`.
 
-Checkpoints: the `small` preset trained with torch.optim.AdamW (fp32 master weights) on next-token
-loss over random token batches, bf16 snapshots after a few warm-up steps, at lr 1e-6, 3e-6, 1e-5.
-(Switch `make_checkpoints` to flywheel's Trainer once it lands; the versions look the same: bf16
-casts of fp32 masters moved by Adam.) For consecutive versions and a lag of 4 it measures changed
-fraction, bytes per changed element, ratio to raw bf16, and in the same run zstd of the new weights,
-zstd of old XOR new and zipnn of the new weights; encode/decode GB/s on one core (wall clock, and per
-second of the thread's CPU time, which a shared machine disturbs less); bit-exactness.
-End to end: publish -> an origin server -> one relay with a bandwidth cap -> 1, 4, 16 subscriber
-processes, each installing into a real transformers model; latency from `publish` to "engine serves
-it" (p50/p99) and the engine pause.
+Codec, on the weights an engine really receives: every version the trainer publishes in two short RL runs
+of the demo config (`configs/demo.toml`: its tasks and mid-trained base, built and cached by
+`bench/pipeline.py` under runs/bench-pipeline/), one at the demo's own learning rate and one at lr 1e-6;
+8 trainer steps each (4 with --quick), float32 as published and as bfloat16 casts. For consecutive
+versions and a lag of 4: changed fraction, bytes per changed element, ratio to the raw tensors, and in the
+same run the delta baselines zstd of old XOR new and zipnn of old XOR new (and zstd of the new weights
+whole); encode/decode GB/s on one core (wall clock, and per second of the thread's CPU time, which a
+shared machine disturbs less); bit-exactness. End to end (transport, on the 33 M `small` preset with bf16
+snapshots of the Trainer on synthetic GRPO batches): publish -> an origin server -> one relay with a
+bandwidth cap -> 1, 4, 16 subscriber processes, each installing into a real engine; latency from `publish`
+to "engine serves it" (p50/p99) and the engine pause. The RL runs are reproduced by the bench itself; no
+checkpoint is kept in the repository.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +63,50 @@ def make_checkpoints(lr: float, num_warmup: int, num_versions: int, preset: str 
     return out
 
 
+class _UpTo:
+    """A weight store seen as if `version` were its newest (a Subscriber installs the newest it sees)."""
+
+    def __init__(self, store: Any, version: int):
+        self.store, self.version = store, version
+
+    def list_versions(self) -> list[int]:
+        return [v for v in self.store.list_versions() if v <= self.version]
+
+    def read_manifest(self, version: int) -> dict:
+        return self.store.read_manifest(version)
+
+    def get_chunk(self, cid: str) -> bytes:
+        return self.store.get_chunk(cid)
+
+
+def rl_checkpoints(quick: bool, lr: float | None, num_steps: int,
+                   base_dir: str | None = None) -> list[dict[str, torch.Tensor]]:
+    """Every version the trainer published in `num_steps` asynchronous RL steps of the demo config at `lr`
+    (None: the demo's own), from the demo's mid-trained base (`base_dir`, e.g. a demo run's base_model, or
+    built and cached by bench/pipeline.py), read back from the run's weight store."""
+    from flywheel.bench.pipeline import base_policy, bench_config, bench_root
+    from flywheel.orchestrator.loop import run_rl
+    from flywheel.weights.store import WeightStore
+    from flywheel.weights.sync import Subscriber
+
+    _, base, tokenizer_dir, _, train, _ = base_policy(quick, base_dir)
+    run_dir = bench_root(quick) / f"weights-lr{'demo' if lr is None else f'{lr:g}'}"
+    store = WeightStore(str(run_dir / "weights"))
+    if not (run_dir / "final_model").exists() or len(store.list_versions()) != num_steps + 1:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a finished run of this length is reused: delete it to redo
+        settings = ["--weights.keep_versions", "1000"] + ([] if lr is None else ["--trainer.lr", str(lr)])
+        cfg = bench_config(run_dir, "async", quick, "local", settings, num_steps=num_steps)
+        run_rl(cfg, run_dir, base, tokenizer_dir, train)
+        store = WeightStore(str(run_dir / "weights"))
+    out = []
+    for v in store.list_versions():
+        sub = Subscriber(_UpTo(store, v), num_threads=1)
+        assert sub.poll() == v, f"could not read version {v} back from {store}"
+        out.append({k: t.clone() for k, t in sub.tensors.items()})
+        sub.close()
+    return out
+
+
 def _flat(sd: Mapping[str, torch.Tensor]) -> np.ndarray:
     from flywheel.weights.tensors import to_bits
 
@@ -75,21 +122,22 @@ def _codec_figures(old: np.ndarray, new: np.ndarray, chunk_bytes: int, zipnn_obj
         blobs = encode_tensor(new, old, chunk_bytes, 3)
         enc_s, enc_cpu_s = min(enc_s, time.perf_counter() - t0), min(enc_cpu_s, time.thread_time() - c0)
         t0, c0 = time.perf_counter(), time.thread_time()
-        out = decode_tensor(blobs, old, new.shape[0], 2, chunk_bytes // 2)
+        out = decode_tensor(blobs, old, new.shape[0], new.dtype.itemsize, chunk_bytes // new.dtype.itemsize)
         dec_s, dec_cpu_s = min(dec_s, time.perf_counter() - t0), min(dec_cpu_s, time.thread_time() - c0)
     nbytes = sum(len(b) for b in blobs)
     changed = int(np.count_nonzero(new != old))
+    xor = new ^ old
     z = zstandard.ZstdCompressor(level=3)
     r = {"changed_fraction": changed / new.shape[0], "bytes": nbytes,
          "bytes_per_changed": nbytes / max(changed, 1), "ratio": nbytes / new.nbytes,
          "zstd_new_ratio": len(z.compress(new.tobytes())) / new.nbytes,
-         "zstd_xor_ratio": len(z.compress((new ^ old).tobytes())) / new.nbytes,
+         "zstd_xor_ratio": len(z.compress(xor.tobytes())) / new.nbytes,
          "encode_gbps": new.nbytes / enc_s / 1e9, "decode_gbps": new.nbytes / dec_s / 1e9,
          # per second of this thread's CPU time: the same work, minus time spent waiting for a shared core
          "encode_gbps_cpu": new.nbytes / enc_cpu_s / 1e9, "decode_gbps_cpu": new.nbytes / dec_cpu_s / 1e9,
          "bit_exact": bool(np.array_equal(out, new))}
-    if zipnn_obj is not None:
-        r["zipnn_ratio"] = len(zipnn_obj.compress(new.tobytes())) / new.nbytes
+    if zipnn_obj is not None:  # the same delta as zstd's: the XOR of the two versions' bits
+        r["zipnn_xor_ratio"] = len(zipnn_obj.compress(xor.tobytes())) / new.nbytes
     return r
 
 
@@ -97,30 +145,32 @@ def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else float("nan")
 
 
-def codec_bench(quick: bool) -> dict:
+def _zipnn(dtype: str) -> Any:
     try:
-        import zipnn
-
-        zobj = zipnn.ZipNN(bytearray_dtype="bfloat16", threads=1)
+        import zipnn  # optional: the baseline is reported when it is installed
     except ImportError:
-        zobj = None
-    lrs = [1e-6, 3e-6, 1e-5]
-    preset = "tiny" if quick else "small"
-    num_versions = 5 if quick else 6
+        return None
+    return zipnn.ZipNN(bytearray_dtype=dtype, threads=1)
+
+
+def codec_bench(quick: bool, base_dir: str | None = None) -> dict:
+    num_steps = 4 if quick else 8
     threads = torch.get_num_threads()
     results: dict[str, Any] = {}
-    for lr in lrs:
+    for run_name, lr in (("demo_rl", None), ("lr1e-6", 1e-6)):
         torch.set_num_threads(threads)
-        snaps = make_checkpoints(lr, num_warmup=3, num_versions=num_versions, preset=preset)
-        flat = [_flat(s) for s in snaps]
-        torch.set_num_threads(1)  # encode/decode on one core
-        consec = [_codec_figures(flat[i - 1], flat[i], 4 << 20, zobj) for i in range(1, len(flat))]
-        lag4 = [_codec_figures(flat[i - 4], flat[i], 4 << 20, zobj) for i in range(4, len(flat))]
-        results[f"lr{lr:.0e}".replace("e-0", "e-")] = {
-            "num_params": int(flat[0].shape[0]), "consecutive": consec, "lag4": lag4,
-            "median_consecutive": {k: _median([c[k] for c in consec]) for k in consec[0] if k != "bit_exact"},
-            "median_lag4": {k: _median([c[k] for c in lag4]) for k in lag4[0] if k != "bit_exact"},
-            "bit_exact": all(c["bit_exact"] for c in consec + lag4)}
+        snaps = rl_checkpoints(quick, lr, num_steps, base_dir)
+        for dtype in ("float32", "bfloat16"):
+            flat = [_flat({k: v.to(getattr(torch, dtype)) for k, v in s.items()}) for s in snaps]
+            zobj = _zipnn(dtype)
+            torch.set_num_threads(1)  # encode/decode on one core
+            consec = [_codec_figures(flat[i - 1], flat[i], 4 << 20, zobj) for i in range(1, len(flat))]
+            lag4 = [_codec_figures(flat[i - 4], flat[i], 4 << 20, zobj) for i in range(4, len(flat))]
+            results[f"{run_name}_{dtype}"] = {
+                "num_params": int(flat[0].shape[0]), "num_versions": len(flat), "consecutive": consec, "lag4": lag4,
+                "median_consecutive": {k: _median([c[k] for c in consec]) for k in consec[0] if k != "bit_exact"},
+                "median_lag4": {k: _median([c[k] for c in lag4]) for k in lag4[0] if k != "bit_exact"},
+                "bit_exact": all(c["bit_exact"] for c in consec + lag4)}
     torch.set_num_threads(threads)
     return results
 
@@ -185,7 +235,7 @@ def e2e_bench(snaps: list[dict[str, torch.Tensor]], num_subs: int, preset: str, 
 
     latencies, pauses, fetches = [], [], []
     try:
-        wait(0, 600)
+        wait(0, 300)
         for v in range(1, len(snaps)):
             t_pub = time.time()
             pub.publish(v, snaps[v])
@@ -210,36 +260,36 @@ def e2e_bench(snaps: list[dict[str, torch.Tensor]], num_subs: int, preset: str, 
 
 def run(args: Any) -> dict:
     quick = bool(getattr(args, "quick", False))
-    codec = codec_bench(quick)
+    load_start = os.getloadavg()
+    codec = codec_bench(quick, getattr(args, "base", None))
     preset = "tiny" if quick else "small"
     snaps = make_checkpoints(1e-6, num_warmup=3, num_versions=4, preset=preset)
-    e2e = {n: e2e_bench(snaps, n, preset, bandwidth_mbps=100.0) for n in ([1, 2] if quick else [1, 4, 16])}
-    key = "lr1e-6"
-    med = codec[key]["median_consecutive"]
-    top = max(e2e)
-    summary = {
-        "preset": preset, "num_params": codec[key]["num_params"],
-        "changed_fraction_lr1e-6": med["changed_fraction"],
-        "bytes_per_changed_lr1e-6": med["bytes_per_changed"], "ratio_lr1e-6": med["ratio"],
-        "zstd_new_ratio_lr1e-6": med["zstd_new_ratio"], "zstd_xor_ratio_lr1e-6": med["zstd_xor_ratio"],
-        "zipnn_ratio_lr1e-6": med.get("zipnn_ratio"),
-        "encode_gbps_1core": _median([c[k]["median_consecutive"]["encode_gbps"] for c in [codec] for k in c]),
-        "decode_gbps_1core": _median([c[k]["median_consecutive"]["decode_gbps"] for c in [codec] for k in c]),
-        "encode_gbps_1core_cpu": _median([codec[k]["median_consecutive"]["encode_gbps_cpu"] for k in codec]),
-        "decode_gbps_1core_cpu": _median([codec[k]["median_consecutive"]["decode_gbps_cpu"] for k in codec]),
+    e2e, e2e_errors = {}, {}
+    for n in [1, 2] if quick else [1, 4, 16]:
+        try:
+            e2e[n] = e2e_bench(snaps, n, preset, bandwidth_mbps=100.0)
+        except TimeoutError as err:  # subscribers that cannot start on a loaded machine: keep the codec figures
+            e2e_errors[str(n)] = str(err)
+    top = max(e2e, default=0)
+    summary: dict[str, Any] = {"num_params_rl": codec["demo_rl_float32"]["num_params"], "e2e_preset": preset}
+    for name, c in codec.items():  # demo_rl / lr1e-6, float32 (as published) / bfloat16
+        med, lag = c["median_consecutive"], c["median_lag4"]
+        summary.update({f"ratio_{name}": med["ratio"], f"changed_fraction_{name}": med["changed_fraction"],
+                        f"bytes_per_changed_{name}": med["bytes_per_changed"],
+                        f"zstd_xor_ratio_{name}": med["zstd_xor_ratio"], f"zipnn_xor_ratio_{name}": med.get("zipnn_xor_ratio"),
+                        f"zstd_new_ratio_{name}": med["zstd_new_ratio"], f"ratio_lag4_{name}": lag["ratio"]})
+    summary.update({
+        "encode_gbps_1core": _median([c["median_consecutive"]["encode_gbps"] for c in codec.values()]),
+        "decode_gbps_1core": _median([c["median_consecutive"]["decode_gbps"] for c in codec.values()]),
+        "encode_gbps_1core_cpu": _median([c["median_consecutive"]["encode_gbps_cpu"] for c in codec.values()]),
+        "decode_gbps_1core_cpu": _median([c["median_consecutive"]["decode_gbps_cpu"] for c in codec.values()]),
         "bit_exact": all(v["bit_exact"] for v in codec.values()),
-        "pause_ms_p50": e2e[top]["pause_ms_p50"],
-        f"sync_ms_p50_{top}subs": e2e[top]["sync_ms_p50"], f"sync_ms_p99_{top}subs": e2e[top]["sync_ms_p99"],
-    }
-    for lr in codec:
-        summary[f"bytes_per_changed_{lr}"] = codec[lr]["median_consecutive"]["bytes_per_changed"]
-        summary[f"bytes_per_changed_lag4_{lr}"] = codec[lr]["median_lag4"]["bytes_per_changed"]
-        summary[f"changed_fraction_{lr}"] = codec[lr]["median_consecutive"]["changed_fraction"]
-        summary[f"encode_gbps_{lr}"] = codec[lr]["median_consecutive"]["encode_gbps"]
-        summary[f"decode_gbps_{lr}"] = codec[lr]["median_consecutive"]["decode_gbps"]
-    for n, r in e2e.items():
-        summary[f"sync_ms_p50_{n}subs"] = r["sync_ms_p50"]
-    return {"summary": summary, "codec": codec, "e2e": {str(k): v for k, v in e2e.items()}}
+        **({"pause_ms_p50": e2e[top]["pause_ms_p50"], f"sync_ms_p99_{top}subs": e2e[top]["sync_ms_p99"]} if e2e else {}),
+        **{f"sync_ms_p50_{n}subs": r["sync_ms_p50"] for n, r in e2e.items()},
+        "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+        "e2e_errors": e2e_errors or None,
+    })
+    return {"summary": summary, "codec": codec, "e2e": {str(k): v for k, v in e2e.items()}, "e2e_errors": e2e_errors}
 
 
 if __name__ == "__main__":

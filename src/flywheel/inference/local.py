@@ -8,8 +8,10 @@ Why a thread: torch forward calls block, so a dedicated decode thread owns the m
 requests; the event loop stays free for the agent sessions and results come back through futures
 resolved with `loop.call_soon_threadsafe`. Between decode steps new requests are prefilled (within a
 `max_prefill_tokens` budget) and join the running batch; finished ones leave. Qwen3 / Qwen3-MoE use the
-native runner (numerics/qwen3.py: no padding, per-sequence KV caches, batch-invariant matmuls); other
-architectures use the HF forward one sequence at a time (inference/hf_runner.py).
+native runner (numerics/qwen3.py: no padding, KV caches in one pool, one attention call per layer for the
+whole batch); other architectures use the HF forward one sequence at a time (inference/hf_runner.py).
+A prefix kept for reuse is copied out of the pool (`Qwen3Runner.detach`) so that the pool holds only
+running requests.
 
 Prompt prefixes already computed (a session's earlier turns, a group's shared prompt) are reused instead of
 prefilled again (`inference/prefix_cache.py`, `prefix_cache_mb`; not in batch-invariant mode).
@@ -30,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -59,7 +61,7 @@ class _Request:
     versions: list[int] = field(default_factory=list)
     routed: list[list[list[int]]] = field(default_factory=list)
     ttft_s: float = 0.0
-    finish_reason: str | None = None
+    finish_reason: Literal["stop", "length", "aborted"] | None = None
     on_token: Callable[[int], None] | None = None  # called on the caller's loop with each sampled token id
     kv_version: int = -1  # the weight version that wrote all of `cache`; -1 once versions are mixed
     num_reused: int = 0  # prompt positions taken from a known prefix instead of prefilled
@@ -273,7 +275,8 @@ class LocalEngine:
 
     def _admit(self) -> list[_Request]:
         """Pop pending requests that fit the batch and the prefill token budget (at least one)."""
-        admitted, budget = [], self.max_prefill_tokens
+        admitted: list[_Request] = []
+        budget = self.max_prefill_tokens
         while self._pending and len(self._running) + len(admitted) < self.max_batch_size:
             r = self._pending[0]
             if r.future.cancelled():
@@ -295,8 +298,10 @@ class LocalEngine:
                 r.cache.k[:, :, :n] = src.k[:, :, :n]
                 r.cache.v[:, :, :n] = src.v[:, :, :n]
                 r.cache.length = r.num_reused = n
-        logits, routed = (self.runner.prefill(r.prompt_ids, r.cache, start=r.num_reused) if r.num_reused
-                          else self.runner.prefill(r.prompt_ids, r.cache))
+        if r.num_reused and isinstance(self.runner, qwen3.Qwen3Runner):  # the prefix cache is native-only
+            logits, routed = self.runner.prefill(r.prompt_ids, r.cache, start=r.num_reused)
+        else:
+            logits, routed = self.runner.prefill(r.prompt_ids, r.cache)
         r.kv_version = version
         self._append(r, logits, None if routed is None else routed.tolist(), version)
         r.ttft_s = time.perf_counter() - r.t_submit
@@ -339,9 +344,10 @@ class LocalEngine:
             if r.finish_reason is None:
                 keep.append(r)
                 continue
-            if self.prefix_cache is not None and r.kv_version >= 0:  # kept for a later turn or group member
-                try:
-                    self.prefix_cache.add(self._fed(r), r.cache, r.kv_version)
+            if (self.prefix_cache is not None and r.kv_version >= 0  # kept for a later turn or group member
+                    and isinstance(self.runner, qwen3.Qwen3Runner)):
+                try:  # a standalone copy: the store must not hold pool slots (numerics/qwen3.py `detach`)
+                    self.prefix_cache.add(self._fed(r), self.runner.detach(r.cache), r.kv_version)
                 except Exception:  # noqa: BLE001 - a prefix not kept costs a prefill; a raise here would lose requests
                     log.exception("prefix cache: could not keep a finished request's cache")
             r.cache = None  # free the KV cache now (or leave it to the prefix store)

@@ -29,6 +29,7 @@ import threading
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from flywheel.numerics.attention import ATTN_TILE, decode_attention, key_span, round_up
 
@@ -45,11 +46,11 @@ class PooledKVCache:
 
     @property
     def k(self) -> torch.Tensor:
-        return self.pool.k[:, self.slot, :, :self.capacity]
+        return self.pool.storage()[0][:, self.slot, :, :self.capacity]
 
     @property
     def v(self) -> torch.Tensor:
-        return self.pool.v[:, self.slot, :, :self.capacity]
+        return self.pool.storage()[1][:, self.slot, :, :self.capacity]
 
     def release(self) -> None:
         """Give the slot back now (idempotent); the cache must not be used afterwards."""
@@ -92,9 +93,15 @@ class KVPool:
                 self._grow(cap)
             slot = heapq.heappop(self._free)
             self._num_live += 1
-            self.k[:, slot].zero_()
-            self.v[:, slot].zero_()
+            pk, pv = self.storage()
+            pk[:, slot].zero_()
+            pv[:, slot].zero_()
         return PooledKVCache(self, slot, cap)
+
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) [num_layers, num_slots, KV, capacity, hd]; only while a cache is live."""
+        assert self.k is not None and self.v is not None, "the pool holds no cache"
+        return self.k, self.v
 
     def _grow(self, cap: int) -> None:
         old_slots, old_cap = self.num_slots, self.capacity
@@ -104,7 +111,7 @@ class KVPool:
         shape = (self.num_layers, new_slots, *self.shape_tail[:1], new_cap, self.shape_tail[1])
         k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if self.k is not None:
+        if self.k is not None and self.v is not None:
             k[:, :old_slots, :, :old_cap] = self.k
             v[:, :old_slots, :, :old_cap] = self.v
         self.k, self.v = k, v
@@ -119,21 +126,23 @@ class KVPool:
                 self.k = self.v = None
                 self._free = []
 
-    def decode_step(self, caches: list[PooledKVCache]) -> DecodeStep:
-        """The layout of one decode step over `caches` (each fed at position cache.length)."""
-        return DecodeStep(self, caches)
+    def decode_step(self, caches: list[PooledKVCache], exact_tiles: bool = True) -> DecodeStep:
+        """The layout of one decode step over `caches` (each fed at position cache.length). `exact_tiles`:
+        batch-invariant attention (`attend`); False: one masked SDPA call per layer (`attend_sdpa`)."""
+        return DecodeStep(self, caches, exact_tiles)
 
 
 class DecodeStep:
     """Rows of one decode step on a pool: slot range lo..hi, positions, the longest key span S."""
 
-    def __init__(self, pool: KVPool, caches: list[PooledKVCache]):
+    def __init__(self, pool: KVPool, caches: list[PooledKVCache], exact_tiles: bool = True):
         assert all(c.pool is pool for c in caches), "every cache of a decode step comes from this runner's pool"
         self.pool = pool
         slots = [c.slot for c in caches]
         positions = [c.length for c in caches]
         self.lo, self.hi = min(slots), max(slots) + 1
-        self.span = max(key_span(p) for p in positions)
+        # batch-invariant: whole key tiles; plain SDPA: exactly the keys of the longest row
+        self.span = max(key_span(p) for p in positions) if exact_tiles else max(positions) + 1
         assert self.span <= pool.capacity
         device = pool.device
         self.slots_t = torch.tensor(slots, device=device)
@@ -146,15 +155,39 @@ class DecodeStep:
         else:
             self.range_positions = torch.zeros(self.hi - self.lo, dtype=torch.long, device=device)
             self.range_positions[self.rows] = self.positions_t
+        # attend_sdpa's additive mask [hi - lo, 1, 1, span]: -inf on keys after the row's position (built once
+        # per step: a boolean mask would be converted to this by every layer's SDPA call)
+        self.mask = None
+        if not exact_tiles:
+            future = torch.arange(self.span, device=device) > self.range_positions[:, None]
+            self.mask = torch.zeros(future.shape, dtype=pool.dtype, device=device).masked_fill_(future, float("-inf"))
+            self.mask = self.mask[:, None, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Store k, v [B, KV, hd] at each row's position in `layer`, then attend q [B, H, hd] over the pool
         in place. Returns [B, H * hd]."""
-        pk, pv = self.pool.k[layer], self.pool.v[layer]  # [num_slots, KV, capacity, hd]
+        pool_k, pool_v = self.pool.storage()
+        pk, pv = pool_k[layer], pool_v[layer]  # [num_slots, KV, capacity, hd]
         pk[self.slots_t, :, self.positions_t] = k
         pv[self.slots_t, :, self.positions_t] = v
         lo, hi, span = self.lo, self.hi, self.span
         if self.rows is not None:
             q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
         o = decode_attention(q, pk[lo:hi, :, :span], pv[lo:hi, :, :span], self.range_positions, scale)
+        return o if self.rows is None else o[self.rows]
+
+    def attend_sdpa(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """`attend` for the default (not batch-invariant) mode: one masked SDPA call over the pool's slot range
+        lo..hi and the longest row's keys, GQA without copies. q [B, H, hd] -> [B, H * hd]."""
+        assert self.mask is not None, "attend_sdpa needs a step made with exact_tiles=False"
+        pool_k, pool_v = self.pool.storage()
+        pk, pv = pool_k[layer], pool_v[layer]  # [num_slots, KV, capacity, hd]
+        pk[self.slots_t, :, self.positions_t] = k
+        pv[self.slots_t, :, self.positions_t] = v
+        lo, hi, span = self.lo, self.hi, self.span
+        if self.rows is not None:
+            q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
+        o = F.scaled_dot_product_attention(q[:, :, None], pk[lo:hi, :, :span], pv[lo:hi, :, :span],
+                                           attn_mask=self.mask, scale=scale, enable_gqa=True)  # [B', H, 1, hd]
+        o = o.reshape(hi - lo, -1)
         return o if self.rows is None else o[self.rows]

@@ -1,29 +1,29 @@
-"""A native forward for the Qwen3 family (dense and MoE) with per-sequence KV caches.
+"""A native forward for the Qwen3 family (dense and MoE) over a pooled KV cache.
 
     runner = Qwen3Runner(model, max_seq_len=2048)
     cache = runner.new_cache(capacity=600)
     logits_v, routed = runner.prefill(prompt_ids, cache)            # logits of the last prompt position
     logits_bv, routed = runner.decode(last_tokens, [cache_a, ...])  # one token for every running sequence
 
-Why not the HF forward: on a CPU the engine's speed comes from never computing padding or finished
-sequences and from few Python calls per step. Each sequence owns a preallocated cache
-[num_layers, num_kv_heads, capacity, head_dim]; linears run batched over the live rows only and
-attention runs per row over exactly that row's length.
+Why not the HF forward: on a CPU the engine's speed comes from never computing finished sequences or
+prompt padding and from few Python calls per step. Each sequence's cache is a slot of one pool
+(`numerics/kv_pool.py`: k, v [num_layers, num_slots, KV, capacity, hd]); linears run batched over the live
+rows only, and a decode step attends over all its rows in place, one SDPA call per layer with a mask of each
+row's length (GQA without copies, no per-row loop, no cache copied).
 
 Why it reads the HF module's own parameters on every call: `update_weights` swaps parameter `.data`
 pointers, and the runner sees the new weights at the next call with nothing to rebuild.
 
-Batch invariance (greedy batched decoding == decoding alone, bit for bit): the result of a row must not
-depend on which other rows share the step. Attention is per row, so only the matmuls matter; MKL picks
-different kernels (different reduction orders) for small row counts (M = 1, 2, 3, 5, 7, 9 all differ
-from M >= 8 on an AMD EPYC; on an Intel Xeon with AVX-512, M = 8 differs from every larger multiple of 8), so
-every linear pads its rows up to a multiple of `ROW_TILE` = 16.
+Default mode is not batch-invariant: a row's result may differ in the last bits between decoding alone and
+in a batch (MKL picks other kernels for small row counts, and the batched SDPA reduces over the longest
+row's keys); log-probs agree within float32 rounding. `pad_rows=True` pads every linear's rows to a
+multiple of `ROW_TILE` = 16 (M = 1, 2, 3, 5, 7, 9 differ from M >= 8 on an AMD EPYC; on an Intel Xeon with
+AVX-512, M = 8 differs from every larger multiple of 8).
 
-`batch_invariant=True` (numerics.batch_invariant) goes further: attention is computed the same way in
-prefill and decode and in the trainer (`flywheel.numerics.attention`: fixed key spans, 8-row query blocks),
-so a token's log-prob is bit-identical whether it came from a prefill, a decode step in any batch, or the
-trainer's forward (`flywheel.numerics.batch_invariant`). Caches are then slots of one zero-filled pool
-(`flywheel.numerics.kv_pool`) and a decode step attends over the pool in place, all rows in one batch.
+`batch_invariant=True` (numerics.batch_invariant) makes a token's log-prob bit-identical whether it came from
+a prefill, a decode step in any batch, or the trainer's forward (`flywheel.numerics.batch_invariant`): rows
+padded to ROW_TILE, and attention computed the same way in prefill, decode and the trainer
+(`flywheel.numerics.attention`: fixed 64-key tiles, 8-row query blocks), over the pool in place.
 """
 
 from __future__ import annotations
@@ -34,21 +34,25 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.numerics import attention as bi_attention
-from flywheel.numerics.kv_pool import KVPool
+from flywheel.numerics.kv_pool import KVPool, PooledKVCache
 from flywheel.numerics.lm_head import has_fp32_lm_head
 
 ROW_TILE = 16  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
 GPU_ROW_TILE = 128  # CUDA: every matmul is exactly [GPU_ROW_TILE, K] @ [K, N]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear whose result for each row does not depend on the other rows (batch-invariant).
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           pad_rows: bool = True) -> torch.Tensor:
+    """F.linear whose result for each row does not depend on the other rows (batch-invariant);
+    `pad_rows=False` is plain F.linear (the engine's default mode: fastest, rows may differ in the last bits).
 
     CPU: rows padded to a multiple of ROW_TILE (MKL keeps one kernel family and reduction order per row).
     CUDA: cuBLAS picks its kernel (tiles, split-K) by problem size — padding is not enough, and neither is one
     batched matmul of fixed tiles (measured on an H200: benchmarks/results/numerics_cuda_h200.json) — so the
     rows go through fixed-shape [GPU_ROW_TILE, K] matmuls, one launch each: exact, but slow (a fixed-tile
     kernel is the way to make it fast; docs/numerics.md)."""
+    if not pad_rows:
+        return F.linear(x, weight, bias)
     num_rows = x.shape[0]
     tile = GPU_ROW_TILE if x.is_cuda else ROW_TILE
     pad = (-num_rows) % tile
@@ -99,7 +103,8 @@ def supports(model) -> bool:
     return rotary is not None and getattr(rotary, "rope_type", "default") in _STATIC_ROPE
 
 
-def mix_experts(h: torch.Tensor, experts, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+def mix_experts(h: torch.Tensor, experts, top_i: torch.Tensor, top_w: torch.Tensor,
+                pad_rows: bool = True) -> torch.Tensor:
     """Weighted sum of each token's routed experts. h [M, D], top_i / top_w [M, k] -> [M, D].
 
     Ascending expert order, as transformers does, so each token's sum has the same order in any batch.
@@ -107,8 +112,8 @@ def mix_experts(h: torch.Tensor, experts, top_i: torch.Tensor, top_w: torch.Tens
     out = torch.zeros_like(h)
     for e in torch.unique(top_i).tolist():
         token_idx, k_pos = torch.where(top_i == e)
-        g, u = linear(h[token_idx], experts.gate_up_proj[e]).chunk(2, dim=-1)
-        y = linear(experts.act_fn(g) * u, experts.down_proj[e]) * top_w[token_idx, k_pos, None]
+        g, u = linear(h[token_idx], experts.gate_up_proj[e], pad_rows=pad_rows).chunk(2, dim=-1)
+        y = linear(experts.act_fn(g) * u, experts.down_proj[e], pad_rows=pad_rows) * top_w[token_idx, k_pos, None]
         out = out.index_add(0, token_idx, y.to(out.dtype))
     return out
 
@@ -116,12 +121,13 @@ def mix_experts(h: torch.Tensor, experts, top_i: torch.Tensor, top_w: torch.Tens
 class Qwen3Runner:
     """Prefill and batched decode for Qwen3 / Qwen3-MoE, reading the HF module's parameters live."""
 
-    def __init__(self, model, max_seq_len: int, batch_invariant: bool = False):
+    def __init__(self, model, max_seq_len: int, batch_invariant: bool = False, pad_rows: bool = False):
         if not supports(model):
             raise ValueError(f"Qwen3Runner does not support model_type '{model.config.model_type}'")
         cfg = model.config
         self.model = model
         self.batch_invariant = bool(batch_invariant)
+        self.pad_rows = self.batch_invariant or bool(pad_rows)  # batch invariance needs the padded row tiles
         self.layers = list(model.model.layers)
         self.num_layers = len(self.layers)
         attn = self.layers[0].self_attn
@@ -141,25 +147,37 @@ class Qwen3Runner:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
         self.sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
-        # batch-invariant decode attends over whole key tiles of a shared pool, in place
-        self.kv_pool = (KVPool(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device,
-                               max_capacity=max_seq_len) if self.batch_invariant else None)
+        # caches are slots of one pool, so a decode step attends over all its rows in place: one SDPA call
+        # per layer (batch-invariant mode: whole key tiles, numerics/attention.py)
+        self.kv_pool = KVPool(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device,
+                              max_capacity=max_seq_len)
 
-    def new_cache(self, capacity: int) -> KVCache:
-        if self.kv_pool is not None:  # a zeroed pool slot (tile-rounded capacity), freed with the cache
-            return self.kv_pool.allocate(capacity)
-        shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
-        return KVCache(torch.empty(shape, dtype=self.dtype, device=self.device),
-                       torch.empty(shape, dtype=self.dtype, device=self.device))
+    def new_cache(self, capacity: int) -> PooledKVCache:
+        """A zeroed pool slot of at least `capacity` positions, given back when the cache is dropped."""
+        return self.kv_pool.allocate(capacity)
+
+    @staticmethod
+    def detach(cache: KVCache | PooledKVCache) -> KVCache:
+        """A standalone copy of the `cache.length` positions `cache` holds, its pool slot given back: what a
+        prefix store keeps (it should not hold pool slots, which widen every decode step's slot range)."""
+        n = cache.length
+        out = KVCache(cache.k[:, :, :n].clone(), cache.v[:, :, :n].clone(), n)
+        release = getattr(cache, "release", None)
+        if release is not None:
+            release()
+        return out
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, weight, bias, self.pad_rows)
 
     # ---- blocks ------------------------------------------------------------------------------------
 
     def _qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """h [M, D] -> q [M, H, hd], k and v [M, KV, hd] with q/k norms and rotary applied."""
         m = h.shape[0]
-        q = linear(h, attn.q_proj.weight, attn.q_proj.bias).view(m, self.num_heads, self.head_dim)
-        k = linear(h, attn.k_proj.weight, attn.k_proj.bias).view(m, self.num_kv_heads, self.head_dim)
-        v = linear(h, attn.v_proj.weight, attn.v_proj.bias).view(m, self.num_kv_heads, self.head_dim)
+        q = self._linear(h, attn.q_proj.weight, attn.q_proj.bias).view(m, self.num_heads, self.head_dim)
+        k = self._linear(h, attn.k_proj.weight, attn.k_proj.bias).view(m, self.num_kv_heads, self.head_dim)
+        v = self._linear(h, attn.v_proj.weight, attn.v_proj.bias).view(m, self.num_kv_heads, self.head_dim)
         q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
         k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
         cos, sin = cos[:, None, :], sin[:, None, :]
@@ -170,28 +188,28 @@ class Qwen3Runner:
     def _mlp(self, mlp, h: torch.Tensor):
         """h [M, D] -> (out [M, D], routed expert ids [M, k] or None)."""
         if not hasattr(mlp, "experts"):
-            return linear(mlp.act_fn(linear(h, mlp.gate_proj.weight)) * linear(h, mlp.up_proj.weight),
-                          mlp.down_proj.weight), None
+            return self._linear(mlp.act_fn(self._linear(h, mlp.gate_proj.weight)) * self._linear(h, mlp.up_proj.weight),
+                                mlp.down_proj.weight), None
         gate, experts = mlp.gate, mlp.experts
-        router_logits = linear(h, gate.weight)  # [M, E]
+        router_logits = self._linear(h, gate.weight)  # [M, E]
         probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
         top_w, top_i = torch.topk(probs, gate.top_k, dim=-1)  # [M, k]
         if gate.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-        return mix_experts(h, experts, top_i, top_w.to(router_logits.dtype)), top_i
+        return mix_experts(h, experts, top_i, top_w.to(router_logits.dtype), self.pad_rows), top_i
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = rms_norm(h, self.model.model.norm.weight, self.model.model.norm.variance_epsilon)
         head = self.model.lm_head
         bias = getattr(head, "bias", None)
         if has_fp32_lm_head(head):  # numerics.fp32_lm_head (numerics/lm_head.py)
-            return linear(h.float(), head.weight.float(), None if bias is None else bias.float())
-        return linear(h, head.weight, bias).float()
+            return self._linear(h.float(), head.weight.float(), None if bias is None else bias.float())
+        return self._linear(h, head.weight, bias).float()
 
     # ---- public ------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], cache: KVCache, start: int = 0):
+    def prefill(self, ids: list[int], cache: PooledKVCache, start: int = 0):
         """Run the prompt `ids` into `cache`, whose first `start` positions already hold the keys and values
         of ids[:start] (a reused prefix, see inference/prefix_cache.py; 0 = an empty cache). Returns (logits
         [V] float32 of the last position, routed expert ids [num_layers, k] of the last position or None)."""
@@ -218,7 +236,7 @@ class Qwen3Runner:
                                                    cache.v[li, :, :n][None], attn_mask=mask, is_causal=mask is None,
                                                    scale=self.scaling, enable_gqa=True)  # [1, H, T, hd]
                 o = o[0].transpose(0, 1).reshape(n - start, -1)
-            x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self._linear(o, attn.o_proj.weight, attn.o_proj.bias)
             h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + h
             if top_i is not None:
@@ -228,34 +246,21 @@ class Qwen3Runner:
         return logits, (torch.stack(routed) if routed else None)
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int], caches: list[KVCache]):
-        """One step: feed tokens[i] at position caches[i].length. Returns (logits [B, V] float32,
-        routed expert ids [B, num_layers, k] or None)."""
-        b = len(tokens)
-        pos = [c.length for c in caches]
-        assert all(p < c.capacity for p, c in zip(pos, caches))
-        pos_t = torch.tensor(pos, device=self.device)
+    def decode(self, tokens: list[int], caches: list[PooledKVCache]):
+        """One step: feed tokens[i] at position caches[i].length (caches from `new_cache`). Returns (logits
+        [B, V] float32, routed expert ids [B, num_layers, k] or None)."""
+        step = self.kv_pool.decode_step(caches, exact_tiles=self.batch_invariant)
+        pos_t = step.positions_t
         x = F.embedding(torch.tensor(tokens, device=self.device), self.model.model.embed_tokens.weight)  # [B, D]
         cos, sin = self.cos[pos_t], self.sin[pos_t]
         routed = []
-        sdpa = F.scaled_dot_product_attention
-        bi_step = self.kv_pool.decode_step(caches) if self.kv_pool is not None else None
+        attend = step.attend if self.batch_invariant else step.attend_sdpa
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = rms_norm(x, layer.input_layernorm.weight, self.eps)
             q, k, v = self._qkv(attn, h, cos, sin)
-            if bi_step is not None:
-                o = bi_step.attend(li, q, k, v, self.scaling)  # [B, H*hd], over the pool in place
-            else:
-                outs = []
-                for i, c in enumerate(caches):
-                    p = pos[i]
-                    c.k[li, :, p] = k[i]
-                    c.v[li, :, p] = v[i]
-                    outs.append(sdpa(q[i][None, :, None], c.k[li, :, : p + 1][None], c.v[li, :, : p + 1][None],
-                                     scale=self.scaling, enable_gqa=True))  # [1, H, 1, hd]
-                o = torch.cat(outs).reshape(b, -1)
-            x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
+            o = attend(li, q, k, v, self.scaling)  # [B, H*hd], over the pool in place, all rows at once
+            x = x + self._linear(o, attn.o_proj.weight, attn.o_proj.bias)
             h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + h
             if top_i is not None:
