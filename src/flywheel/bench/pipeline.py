@@ -42,6 +42,13 @@ from math import sqrt
 from pathlib import Path
 
 from flywheel.bench._pin import pinned
+from flywheel.config import load_config
+from flywheel.orchestrator.loop import run_rl
+from flywheel.pipeline.evaluation import evaluate_model
+from flywheel.pipeline.midtrain import midtrain
+from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
+from flywheel.policy.tokenizer import load_tokenizer
+from flywheel.rollout.evaluate import paired_difference
 
 CONFIG = "configs/demo.toml"
 STEPS, QUICK_STEPS = 16, 4  # trainer steps of each run (the demo's own RL runs longer)
@@ -107,8 +114,6 @@ def bench_config(run_dir: Path, mode: str, quick: bool, backend: str, settings: 
                  num_steps: int | None = None):
     """The demo config with the bench's keys: run dir, mode, backend and `num_steps` trainer steps (default
     STEPS, QUICK_STEPS with `quick`, which also shrinks the evaluation and the mid-training)."""
-    from flywheel.config import load_config
-
     steps = num_steps or (QUICK_STEPS if quick else STEPS)
     overrides = [*settings, "--run_dir", str(run_dir), "--orchestrator.mode", mode, "--orchestrator.backend", backend,
                  "--trainer.num_steps", str(steps)]
@@ -125,15 +130,10 @@ def base_policy(quick: bool, base_dir: str | None = None, settings: Sequence[str
     """(config, base model dir, tokenizer dir, tokenizer, train tasks, held-out tasks): the demo's tasks and
     its mid-trained base, built once and cached under `bench_root(quick)/base`, or `base_dir` (a model
     directory holding its tokenizer)."""
-    from flywheel.pipeline.midtrain import midtrain
-    from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
-
     root = bench_root(quick)
     base_cfg = bench_config(root / "base", "async", quick, "local", settings)
     train, heldout = prepare_tasks(base_cfg, root / "base")
     if base_dir:
-        from flywheel.policy.tokenizer import load_tokenizer
-
         base = tokenizer_dir = Path(base_dir)
         if not (base / "config.json").exists() or not (base / "tokenizer.json").exists():
             raise SystemExit(f"--base {base}: expected a model directory with config.json and tokenizer.json "
@@ -147,10 +147,6 @@ def base_policy(quick: bool, base_dir: str | None = None, settings: Sequence[str
 
 
 def run(args: argparse.Namespace) -> dict:
-    from flywheel.orchestrator.loop import run_rl
-    from flywheel.pipeline.evaluation import evaluate_model
-    from flywheel.rollout.evaluate import paired_difference
-
     seeds = parse_seeds(getattr(args, "seeds", None))  # before any work: a bad list fails at once
     root = bench_root(args.quick)
     settings = _settings(getattr(args, "set", None))

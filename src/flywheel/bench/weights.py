@@ -31,18 +31,23 @@ import numpy as np
 import torch
 import zstandard
 
-from flywheel.config import ModelConfig
+from flywheel.bench.pipeline import base_policy, bench_config, bench_root
+from flywheel.config import ModelConfig, TrainerConfig
+from flywheel.inference.local import LocalEngine
+from flywheel.orchestrator.loop import run_rl
+from flywheel.policy.model import build_model
+from flywheel.trainer.train import Trainer
+from flywheel.types import Reward, Segment, Trajectory
+from flywheel.weights.relay import RelayServer
+from flywheel.weights.store import WeightStore
+from flywheel.weights.sync import Publisher, Subscriber
+from flywheel.weights.tensors import decode_tensor, encode_tensor, to_bits
 
 
 def make_checkpoints(lr: float, num_warmup: int, num_versions: int, preset: str = "small",
                      batch: int = 4, seq: int = 64, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """bf16 snapshots of flywheel's RL Trainer (AdamW, fp32 masters) stepping on GRPO batches of synthetic
     trajectories: groups of 2 sessions of random tokens, one rewarded, the second half sampled."""
-    from flywheel.config import TrainerConfig
-    from flywheel.policy.model import build_model
-    from flywheel.trainer.train import Trainer
-    from flywheel.types import Reward, Segment, Trajectory
-
     model = build_model(ModelConfig(preset=preset), vocab_size=2048)
     trainer = Trainer(model, TrainerConfig(lr=lr, weight_decay=0.0, batch_size=batch, correction="none",
                                            micro_batch_tokens=batch * seq))
@@ -84,11 +89,6 @@ def rl_checkpoints(quick: bool, lr: float | None, num_steps: int,
     """Every version the trainer published in `num_steps` asynchronous RL steps of the demo config at `lr`
     (None: the demo's own), from the demo's mid-trained base (`base_dir`, e.g. a demo run's base_model, or
     built and cached by bench/pipeline.py), read back from the run's weight store."""
-    from flywheel.bench.pipeline import base_policy, bench_config, bench_root
-    from flywheel.orchestrator.loop import run_rl
-    from flywheel.weights.store import WeightStore
-    from flywheel.weights.sync import Subscriber
-
     _, base, tokenizer_dir, _, train, _ = base_policy(quick, base_dir)
     run_dir = bench_root(quick) / f"weights-lr{'demo' if lr is None else f'{lr:g}'}"
     store = WeightStore(str(run_dir / "weights"))
@@ -108,14 +108,10 @@ def rl_checkpoints(quick: bool, lr: float | None, num_steps: int,
 
 
 def _flat(sd: Mapping[str, torch.Tensor]) -> np.ndarray:
-    from flywheel.weights.tensors import to_bits
-
     return np.concatenate([to_bits(t) for t in sd.values()])
 
 
 def _codec_figures(old: np.ndarray, new: np.ndarray, chunk_bytes: int, zipnn_obj: Any) -> dict:
-    from flywheel.weights.tensors import decode_tensor, encode_tensor
-
     enc_s = dec_s = enc_cpu_s = dec_cpu_s = float("inf")
     for _ in range(3):  # best of 3: the machine is shared, the first call pays page faults (and kernel loading)
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -179,10 +175,6 @@ def codec_bench(quick: bool, base_dir: str | None = None) -> dict:
 
 def _worker(url: str, preset: str) -> None:
     """Subscriber process: a real model behind a Subscriber; prints one JSON line per installed version."""
-    from flywheel.inference.local import LocalEngine
-    from flywheel.policy.model import build_model
-    from flywheel.weights.sync import Subscriber
-
     torch.set_num_threads(1)
     model = build_model(ModelConfig(preset=preset, dtype="bfloat16"), vocab_size=2048)
     sub = Subscriber(url, LocalEngine(model), streams=8, num_threads=1)
@@ -198,9 +190,6 @@ def _worker(url: str, preset: str) -> None:
 
 
 def e2e_bench(snaps: list[dict[str, torch.Tensor]], num_subs: int, preset: str, bandwidth_mbps: float) -> dict:
-    from flywheel.weights.relay import RelayServer
-    from flywheel.weights.sync import Publisher
-
     d = tempfile.mkdtemp(prefix="fw-weights-")
     origin = RelayServer(store=d)
     relay = RelayServer(upstream=origin.start(), bandwidth_mbps=bandwidth_mbps, streams=8)

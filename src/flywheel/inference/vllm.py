@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import aiohttp
 import numpy as np
+from safetensors.torch import save_file
 
 from flywheel.inference.vllm_server import VLLMServer, http_json
 from flywheel.types import Generation, SamplingParams
@@ -307,8 +308,6 @@ class VLLMEngine:
     def update_weights(self, version: int, tensors: Mapping[str, Any]) -> float:
         """Engine protocol: write `tensors` (the full state dict) as a checkpoint beside the log and reload it.
         Returns the pause in ms. The server must share this machine's file system (a launched server does)."""
-        from safetensors.torch import save_file  # the one heavy import, needed only on this path
-
         if not tensors:
             raise ValueError("update_weights needs a non-empty mapping of state-dict name -> tensor")
         root = (self.server.log_path.parent if self.server else Path(".")) / "vllm-reload" / f"v{int(version)}"

@@ -48,6 +48,7 @@ replayed at that position. Positions without a record use the trainer's own rout
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -537,8 +538,6 @@ class Trainer:
         if path is None:
             raise ValueError(f"no checkpoint under '{run_dir / 'checkpoints'}' to resume from")
         if cfg is None:
-            import json
-
             cfg = TrainerConfig.model_validate(json.loads((path / "state.json").read_text())["trainer"]["cfg"])
         trainer = cls(model_factory(), cfg, run_dir=run_dir, ref_model=ref_model, **kwargs)
         extra = trainer.load_checkpoint(path)
