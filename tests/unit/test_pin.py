@@ -21,16 +21,16 @@ def test_children_and_grandchildren_move_to_the_rollout_core_and_this_process_is
         assert os.sched_getaffinity(0) == {cpus[0]}
         child = subprocess.Popen([sys.executable, "-c", grandchild])
         try:
+            # only this test's child and grandchild: the suite may run other children of this process meanwhile
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and len(descendants(os.getpid())) < 2:
+            while time.monotonic() < deadline and not descendants(child.pid):
                 time.sleep(0.05)
             time.sleep(0.2)  # a few watcher rounds
-            tree = descendants(os.getpid())
+            tree = [child.pid, *descendants(child.pid)]
             assert len(tree) == 2 and all(os.sched_getaffinity(pid) == {cpus[1]} for pid in tree)
         finally:
-            for pid in descendants(os.getpid()):  # the grandchild first: it would outlive its parent
-                if pid != child.pid:
-                    os.kill(pid, 9)
+            for pid in descendants(child.pid):  # the grandchild first: it would outlive its parent
+                os.kill(pid, 9)
             child.kill()
             child.wait()
     assert os.sched_getaffinity(0) == before
