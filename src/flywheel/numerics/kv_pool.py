@@ -163,9 +163,10 @@ class DecodeStep:
             self.mask = torch.zeros(future.shape, dtype=pool.dtype, device=device).masked_fill_(future, float("-inf"))
             self.mask = self.mask[:, None, None]
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """Store k, v [B, KV, hd] at each row's position in `layer`, then attend q [B, H, hd] over the pool
-        in place. Returns [B, H * hd]."""
+    def _store(self, layer: int, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write k, v [B, KV, hd] at each row's position in `layer`; (q over the slot range lo..hi, zero rows for
+        slots not in the step; the range's keys and values up to the longest row's span), views of the pool."""
         pool_k, pool_v = self.pool.storage()
         pk, pv = pool_k[layer], pool_v[layer]  # [num_slots, KV, capacity, hd]
         pk[self.slots_t, :, self.positions_t] = k
@@ -173,21 +174,21 @@ class DecodeStep:
         lo, hi, span = self.lo, self.hi, self.span
         if self.rows is not None:
             q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
-        o = decode_attention(q, pk[lo:hi, :, :span], pv[lo:hi, :, :span], self.range_positions, scale)
+        return q, pk[lo:hi, :, :span], pv[lo:hi, :, :span]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Store k, v [B, KV, hd] at each row's position in `layer`, then attend q [B, H, hd] over the pool
+        in place. Returns [B, H * hd]."""
+        q, keys, values = self._store(layer, q, k, v)
+        o = decode_attention(q, keys, values, self.range_positions, scale)
         return o if self.rows is None else o[self.rows]
 
     def attend_sdpa(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """`attend` for the default (not batch-invariant) mode: one masked SDPA call over the pool's slot range
         lo..hi and the longest row's keys, GQA without copies. q [B, H, hd] -> [B, H * hd]."""
         assert self.mask is not None, "attend_sdpa needs a step made with exact_tiles=False"
-        pool_k, pool_v = self.pool.storage()
-        pk, pv = pool_k[layer], pool_v[layer]  # [num_slots, KV, capacity, hd]
-        pk[self.slots_t, :, self.positions_t] = k
-        pv[self.slots_t, :, self.positions_t] = v
-        lo, hi, span = self.lo, self.hi, self.span
-        if self.rows is not None:
-            q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)
-        o = F.scaled_dot_product_attention(q[:, :, None], pk[lo:hi, :, :span], pv[lo:hi, :, :span],
-                                           attn_mask=self.mask, scale=scale, enable_gqa=True)  # [B', H, 1, hd]
-        o = o.reshape(hi - lo, -1)
+        q, keys, values = self._store(layer, q, k, v)
+        o = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=self.mask, scale=scale,
+                                           enable_gqa=True)  # [B', H, 1, hd]
+        o = o.reshape(self.hi - self.lo, -1)
         return o if self.rows is None else o[self.rows]
