@@ -68,4 +68,4 @@ def test_killed_rank_resumes_from_the_checkpoint_and_loses_nothing(tmp_path):
     while any(map(_alive, trainer.pids + first_pids)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(map(_alive, trainer.pids + first_pids)), "trainer ranks left running"
-    assert trainer.proc.returncode == 0
+    assert trainer.proc.returncode == 0, f"torchrun exit {trainer.proc.returncode}; its log:\n{trainer._tail()}"
