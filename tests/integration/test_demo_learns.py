@@ -18,7 +18,7 @@ import pytest
 
 from flywheel.pipeline.job import run_job
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 STEPS = 14
 MARGIN = 0.04

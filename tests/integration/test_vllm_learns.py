@@ -16,7 +16,7 @@ import pytest
 
 from flywheel.pipeline.job import run_job
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 STEPS = 8
 MARGIN = 0.04
