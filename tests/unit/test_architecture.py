@@ -7,7 +7,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "flywheel"
 
 # Lowest first. A package may import its own modules and those of packages in lower layers, nothing else.
 LAYERS = [
-    {"types", "config"},
+    {"types", "config", "background"},
     {"sandbox", "policy", "numerics", "weights"},
     {"tasks", "inference", "trainer"},
     {"envs", "rollout"},

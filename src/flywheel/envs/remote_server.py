@@ -39,7 +39,6 @@ import asyncio
 import hmac
 import json
 import secrets
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
+from flywheel.background import BackgroundLoop
 from flywheel.config import EnvConfig
 from flywheel.envs.env import CodingEnv
 from flywheel.envs.tools import tools_for
@@ -93,8 +93,7 @@ class EnvServer:
         self._pool = ThreadPoolExecutor(max_workers=max_sessions + 4, thread_name_prefix="env-server")
         self._runner: web.AppRunner | None = None
         self._reaper: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._background = BackgroundLoop("env-server")
         self.url = ""
 
     # --- plumbing
@@ -268,26 +267,10 @@ class EnvServer:
 
     def start(self) -> str:
         """Serve from a background thread (tests, benchmarks); returns the URL."""
-        ready = threading.Event()
-
-        def main() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self.start_async())
-            ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self.stop_async())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=main, name="env-server", daemon=True)
-        self._thread.start()
-        if not ready.wait(30):
-            raise RuntimeError("env-server did not start within 30 s")
-        return self.url
+        return self._background.start(self.start_async, self.stop_async)
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
+        self._background.stop()
         self._pool.shutdown(wait=False)
 
 

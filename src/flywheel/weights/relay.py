@@ -27,6 +27,7 @@ from collections import OrderedDict
 
 from aiohttp import ClientSession, ClientTimeout, web
 
+from flywheel.background import BackgroundLoop
 from flywheel.weights.store import StoreError, WeightStore, check_manifest, chunk_id
 
 
@@ -136,9 +137,8 @@ class RelayServer:
         self._cached = 0
         self._manifests: dict[int, bytes] = {}
         self._inflight: dict[str, asyncio.Future] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background = BackgroundLoop("weights-relay")
         self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
         self.url: str | None = None
 
     # --- upstream / store access
@@ -257,27 +257,10 @@ class RelayServer:
 
     def start(self) -> str:
         """Serve from a background thread; returns the URL."""
-        ready = threading.Event()
-
-        def main() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self.start_async())
-            ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self.stop_async())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=main, name="weights-relay", daemon=True)
-        self._thread.start()
-        if not ready.wait(30):
-            raise RuntimeError("relay server did not start within 30 s")
-        return self.url  # type: ignore[return-value]
+        return self._background.start(self.start_async, self.stop_async)
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._thread = None
+        self._background.stop(timeout_s=None)
 
 
 def main(argv: list[str] | None = None) -> int:
