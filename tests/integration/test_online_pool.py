@@ -11,6 +11,8 @@ import openai
 import pytest
 
 from flywheel.bench.online import ServerProcess, build_policy
+from flywheel.config import load_config
+from flywheel.online.service import Service
 from flywheel.types import Trajectory
 
 CAP = 2
@@ -75,3 +77,10 @@ def test_users_are_served_while_background_rollouts_run_and_rollouts_progress_wh
         for s in t.segments:
             assert len(s.token_ids) == len(s.loss_mask) == len(s.logprobs) == len(s.versions)
             assert {v for v, m in zip(s.versions, s.loss_mask) if m} <= {0} and sum(s.loss_mask) >= 1
+
+
+def test_a_background_cap_larger_than_the_batch_is_refused_naming_both_settings(tmp_path):
+    cfg = load_config(None, [f"--run_dir={tmp_path}", "--online.pool.rollouts=true", "--inference.max_batch_size=4",
+                             "--online.pool.max_background_rows=8"])
+    with pytest.raises(ValueError, match=r"online.pool.max_background_rows = 8 exceeds inference.max_batch_size = 4"):
+        Service.build(cfg)

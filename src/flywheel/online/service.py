@@ -128,6 +128,11 @@ class Service:
 
     @classmethod
     def build(cls, cfg: FlywheelConfig, model_dir: str | None = None, key_file: str | None = None) -> Service:
+        pool_cfg = cfg.online.pool
+        if pool_cfg.rollouts and pool_cfg.max_background_rows > cfg.inference.max_batch_size:
+            raise ValueError(f"online.pool.max_background_rows = {pool_cfg.max_background_rows} exceeds "
+                             f"inference.max_batch_size = {cfg.inference.max_batch_size}; lower it (the rows it "
+                             f"leaves free are kept for users)")
         model, tok = load_policy(cfg, model_dir)
         elog = EventLog(db_url_of(cfg))
         store_url = store_url_of(cfg)
@@ -137,11 +142,6 @@ class Service:
             print(f"flywheel serve: created API key 'default' (stored hashed; shown once): {key}", flush=True)
         learner_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
         gate_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
-        pool_cfg = cfg.online.pool
-        if pool_cfg.rollouts and pool_cfg.max_background_rows > cfg.inference.max_batch_size:
-            raise ValueError(f"online.pool.max_background_rows = {pool_cfg.max_background_rows} exceeds "
-                             f"inference.max_batch_size = {cfg.inference.max_batch_size}; lower it (the rows it "
-                             f"leaves free are kept for users)")
         engine = build_engine(cfg.inference, model, tok, cfg.numerics.batch_invariant,
                               pool_cfg.max_background_rows if pool_cfg.rollouts else None,
                               pool_cfg.max_background_prefill_tokens if pool_cfg.rollouts else None)
