@@ -26,7 +26,8 @@ def server(tmp_path_factory):
     policy = build_policy(tmp_path_factory.mktemp("pool-policy") / "model")
     srv = ServerProcess(tmp_path_factory.mktemp("pool-serve") / "run", policy, POOL)
     yield srv
-    srv.stop()
+    srv.stop()  # SIGTERM with rollouts in flight: the pool cancels its sessions and the server exits cleanly
+    assert srv.proc.returncode == 0, srv.log_path.read_text()[-3000:]
 
 
 def _pool(srv, key):
