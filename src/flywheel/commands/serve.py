@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         port = await service.start(args.port_file)
         print(f"flywheel serve: listening on http://{cfg.online.serve.host}:{port}/v1 (model "
               f"'{cfg.online.serve.model_name}', weight version {service.engine.version}, learner "
-              f"{'on' if service.learner else 'off'})", flush=True)
+              f"{'on' if service.learner else 'off'}, background rollouts {'on' if service.pool else 'off'})", flush=True)
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,5 +1,5 @@
-"""Config sections of real-time RL (`[online.serve]`, `[online.learner]`, `[online.gate]`, `[online.deploy]`;
-docs/online.md): serving, the online learner, the deploy gate and rollback."""
+"""Config sections of real-time RL (`[online.serve]`, `[online.learner]`, `[online.gate]`, `[online.deploy]`,
+`[online.pool]`; docs/online.md): serving, the online learner, the deploy gate and rollback, background rollouts."""
 
 from __future__ import annotations
 
@@ -86,6 +86,25 @@ class DeployConfig(Section):
     min_window_fraction: float = Field(1.0, gt=0, le=1, description="share of the window needed before judging")
 
 
+class PoolConfig(Section):
+    """One engine pool for users and training (online/pool.py): simulated RL rollouts on the serving engine's
+    left-over capacity, users first."""
+
+    rollouts: bool = Field(False, description="run simulated RL rollouts (synthetic tasks, the RL loop's agent "
+                           "loop and grading) on the serving engine at background priority")
+    max_background_rows: int = Field(8, ge=1, le=65_536, description="most batch rows background requests may hold "
+                                     "at once (<= inference.max_batch_size); the other rows are kept free for users")
+    max_background_prefill_tokens: int = Field(512, ge=1, le=1_048_576, description="while users are in the batch, "
+                                               "most background prompt tokens prefilled in one step (one prompt at "
+                                               "least): a prefill stalls every row's decode step")
+    groups_in_flight: int = Field(2, ge=1, le=1024, description="rollout groups running at once; each has "
+                                  "rollout.group_size sessions (rollout.concurrency caps the sessions)")
+    num_tasks: int = Field(64, ge=1, le=1_000_000, description="synthetic training tasks generated at start "
+                           "(synth.difficulties and synth.test_runner apply), sampled uniformly")
+    log_trajectories: bool = Field(True, description="append each graded group to <run_dir>/pool/trajectories.jsonl "
+                                   "(the RL loop's admitted.jsonl format: {index, group})")
+
+
 class OnlineConfig(Section):
     """Real-time RL: serve the policy, learn from users' signals, deploy behind a gate, roll back
     (docs/online.md)."""
@@ -94,3 +113,4 @@ class OnlineConfig(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     deploy: DeployConfig = Field(default_factory=DeployConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)

@@ -7,7 +7,10 @@
 Why a thread: torch forward calls block, so a dedicated decode thread owns the model and batches the
 requests; the event loop stays free for the agent sessions and results come back through futures
 resolved with `loop.call_soon_threadsafe`. Between decode steps new requests are prefilled (within a
-`max_prefill_tokens` budget) and join the running batch; finished ones leave. Qwen3 / Qwen3-MoE use the
+`max_prefill_tokens` budget) and join the running batch; finished ones leave. Users' requests are admitted
+before background ones (simulated rollouts sharing a serving engine), which never hold more than
+`max_background_rows` of the batch nor, beside users, prefill more than `max_background_prefill_tokens` in a step
+(inference/scheduler.py). Qwen3 / Qwen3-MoE use the
 native runner (numerics/qwen3.py: no padding, KV caches in one pool, one attention call per layer for the
 whole batch); other architectures use the HF forward one sequence at a time (inference/hf_runner.py).
 A prefix kept for reuse is copied out of the pool (`Qwen3Runner.detach`) so that the pool holds only
@@ -39,6 +42,7 @@ import torch
 from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token
+from flywheel.inference.scheduler import PRIORITIES, AdmissionQueue, Priority
 from flywheel.numerics import qwen3
 from flywheel.types import Generation, SamplingParams
 
@@ -65,6 +69,11 @@ class _Request:
     on_token: Callable[[int], None] | None = None  # called on the caller's loop with each sampled token id
     kv_version: int = -1  # the weight version that wrote all of `cache`; -1 once versions are mixed
     num_reused: int = 0  # prompt positions taken from a known prefix instead of prefilled
+    priority: Priority = "user"  # admission order (inference/scheduler.py); never changes the numbers
+
+    @property
+    def cancelled(self) -> bool:
+        return self.future.cancelled()
 
 
 def _resolve(future: asyncio.Future, value: Any) -> None:
@@ -81,7 +90,8 @@ class LocalEngine:
 
     def __init__(self, model, *, max_batch_size: int = 64, max_seq_len: int | None = None,
                  tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096, batch_invariant: bool = False,
-                 prefix_cache_mb: int = 0):
+                 prefix_cache_mb: int = 0, max_background_rows: int | None = None,
+                 max_background_prefill_tokens: int | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -108,7 +118,11 @@ class LocalEngine:
         self._params = dict(model.state_dict(keep_vars=True))  # name -> Parameter/buffer (tied names alias)
         self._step_lock = threading.Lock()  # held for each prefill/decode step and for a weight swap
         self._cond = threading.Condition()  # guards _pending/_paused/_stopping, wakes the decode thread
-        self._pending: deque[_Request] = deque()
+        # users first, background (simulated rollouts) on what is left, within max_background_rows
+        self._pending: AdmissionQueue[_Request] = AdmissionQueue(max_batch_size, max_background_rows,
+                                                                 max_prefill_tokens, max_background_prefill_tokens)
+        self.max_background_rows = self._pending.max_background_rows
+        self.peak_background_rows = 0  # most background rows ever in one step (<= max_background_rows)
         self._running: list[_Request] = []
         self._paused = False
         self._stopping = False
@@ -137,8 +151,7 @@ class LocalEngine:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
         with self._cond:
-            leftover = list(self._pending) + self._running
-            self._pending.clear()
+            leftover = self._pending.drain() + self._running
             self._running = []
             self._stopping = False
         for r in leftover:
@@ -193,21 +206,25 @@ class LocalEngine:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= to LocalEngine or use stop_token_ids")
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       on_token: Callable[[int], None] | None = None) -> Generation:
+                       on_token: Callable[[int], None] | None = None, priority: Priority = "user") -> Generation:
         """`on_token(token_id)` (optional) runs on the caller's event loop as each token is sampled: streaming
-        (online/server.py). The Generation returned at the end is the record; the callbacks only preview it."""
+        (online/server.py). The Generation returned at the end is the record; the callbacks only preview it.
+        `priority`: "user" requests are admitted before "background" ones (simulated rollouts on a serving engine,
+        online/pool.py), which hold at most `max_background_rows` of the batch; the tokens do not depend on it."""
         prompt_ids = list(prompt_ids)
         self._validate(prompt_ids, sampling)
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {list(PRIORITIES)}, got {priority!r}")
         loop = asyncio.get_running_loop()
         gen = torch.Generator(device="cpu")
         gen.manual_seed(sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         req = _Request(prompt_ids=prompt_ids, params=sampling, loop=loop, future=loop.create_future(),
                        generator=gen, limit=min(sampling.max_new_tokens, self.max_seq_len - len(prompt_ids)),
                        stop_ids=frozenset(sampling.stop_token_ids) | self.eos_ids, t_submit=time.perf_counter(),
-                       on_token=on_token)
+                       on_token=on_token, priority=priority)
         self._ensure_thread()
         with self._cond:
-            self._pending.append(req)
+            self._pending.push(req)
             self._cond.notify_all()
         return await req.future
 
@@ -252,7 +269,7 @@ class LocalEngine:
                     self._cond.wait()
                 if self._stopping:
                     return
-                admitted = self._admit()
+                admitted = self._pending.admit(self._running)
             try:
                 with self._step_lock:
                     t0 = time.perf_counter()
@@ -262,6 +279,8 @@ class LocalEngine:
                     decoding = [r for r in self._running if r.finish_reason is None and not r.future.cancelled()]
                     if decoding:
                         self._decode(decoding, version)
+                        num_bg = sum(r.priority == "background" for r in decoding)
+                        self.peak_background_rows = max(self.peak_background_rows, num_bg)
                     t1 = time.perf_counter()
                     self.step_log.append((t0, t1, version, len(decoding), len(admitted)))
                     self.busy_s += t1 - t0
@@ -272,21 +291,6 @@ class LocalEngine:
                     r.loop.call_soon_threadsafe(_resolve, r.future, exc)
                 continue
             self._retire()
-
-    def _admit(self) -> list[_Request]:
-        """Pop pending requests that fit the batch and the prefill token budget (at least one)."""
-        admitted: list[_Request] = []
-        budget = self.max_prefill_tokens
-        while self._pending and len(self._running) + len(admitted) < self.max_batch_size:
-            r = self._pending[0]
-            if r.future.cancelled():
-                self._pending.popleft()
-                continue
-            if admitted and len(r.prompt_ids) > budget:
-                break
-            budget -= len(r.prompt_ids)
-            admitted.append(self._pending.popleft())
-        return admitted
 
     def _prefill(self, r: _Request, version: int) -> None:
         r.cache = self.runner.new_cache(len(r.prompt_ids) + r.limit)
@@ -366,10 +370,15 @@ class LocalEngine:
                           ttft_s=r.ttft_s)
 
 
-def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False) -> LocalEngine:
+def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False,
+                 max_background_rows: int | None = None,
+                 max_background_prefill_tokens: int | None = None) -> LocalEngine:
     """An engine from an InferenceConfig. `batch_invariant` is `numerics.batch_invariant` (log-probs
-    bit-identical to the trainer's)."""
+    bit-identical to the trainer's); `max_background_rows` and
+    `max_background_prefill_tokens` are `online.pool`'s (None: no cap)."""
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)  # explicit user request; process-wide in torch
     return LocalEngine(model, max_batch_size=cfg.max_batch_size, max_prefill_tokens=cfg.max_prefill_tokens,
-                       tokenizer=tokenizer, batch_invariant=batch_invariant, prefix_cache_mb=cfg.prefix_cache_mb)
+                       tokenizer=tokenizer, batch_invariant=batch_invariant, prefix_cache_mb=cfg.prefix_cache_mb,
+                       max_background_rows=max_background_rows,
+                       max_background_prefill_tokens=max_background_prefill_tokens)

@@ -69,6 +69,7 @@ class ServingState:
     elog: EventLog
     cfg: ServeConfig
     follower: DeploymentFollower | None = None
+    pool: Any = None  # online.pool.BackgroundRollouts when simulated rollouts share the engine (its stats())
     limiter: RateLimiter = field(default_factory=RateLimiter)
     started_s: float = field(default_factory=time.time)
     latencies_ms: list[tuple[float, float, int]] = field(default_factory=list)  # (end time, ms, version)
@@ -150,7 +151,8 @@ async def status(request: web.Request) -> web.Response:
     installs = [vars(i) for i in st.follower.installs] if st.follower else []
     return web.json_response({"weight_version": st.engine.version, "installs": installs,
                               "follower_error": st.follower.last_error if st.follower else "",
-                              "latencies_ms": st.latencies_ms[-10_000:]})
+                              "latencies_ms": st.latencies_ms[-10_000:],
+                              "pool": st.pool.stats() if st.pool is not None else None})
 
 
 async def health(request: web.Request) -> web.Response:

@@ -10,6 +10,8 @@ it is written, so every later version (candidates, rollbacks) travels through th
 
 The learner runs in a thread of this process on its own copy of the policy, and the gate on a third copy in its
 own engine, so serving never waits for training except for CPU time (online.learner.enabled = false serves only).
+With online.pool.rollouts = true, simulated RL rollouts run on the serving engine itself at background priority
+(online/pool.py): users first, the rollouts on what is left.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import copy
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,17 +29,22 @@ from typing import Any
 from aiohttp import web
 
 from flywheel.config import FlywheelConfig
+from flywheel.envs.remote_client import env_factory
+from flywheel.envs.tools import tools_for
 from flywheel.inference.local import LocalEngine, build_engine
 from flywheel.online.deploy import DeploymentFollower
 from flywheel.online.events import EventLog
 from flywheel.online.gate import Gate
 from flywheel.online.keys import new_key
 from flywheel.online.learner import OnlineLearner
+from flywheel.online.pool import BackgroundRollouts
 from flywheel.online.server import ServingState, build_app
 from flywheel.online.simulator import PreferenceSuite, SuggestionTask
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import build_model, load_model
 from flywheel.policy.tokenizer import get_tokenizer, load_tokenizer
+from flywheel.tasks.synth import generate_tasks
+from flywheel.types import Task
 from flywheel.weights.store import WeightStore
 from flywheel.weights.sync import Publisher, Subscriber
 
@@ -82,6 +90,27 @@ def ensure_key(elog: EventLog, cfg: FlywheelConfig, key_file: str | None) -> str
     return key
 
 
+def pool_tasks(cfg: FlywheelConfig) -> list[Task]:
+    """`online.pool.num_tasks` synthetic training tasks, an equal share per `synth.difficulties` level."""
+    n, diffs = cfg.online.pool.num_tasks, cfg.synth.difficulties
+    tasks: list[Task] = []
+    for i, d in enumerate(diffs):
+        share = n // len(diffs) + (1 if i < n % len(diffs) else 0)
+        if share:
+            tasks += generate_tasks(share, seed=cfg.seed + 101 * i, split="train", difficulty=d,
+                                    runner=cfg.synth.test_runner)
+    return tasks
+
+
+def build_pool(cfg: FlywheelConfig, engine: LocalEngine, tok: Any) -> BackgroundRollouts:
+    """Background rollouts on the serving engine: the RL loop's tasks, harness, agent loop and grading."""
+    pool_dir = Path(cfg.run_dir) / "pool"
+    chat = ChatFormat(tok, tools_for(cfg.env))
+    log_path = pool_dir / "trajectories.jsonl" if cfg.online.pool.log_trajectories else None
+    return BackgroundRollouts(engine, chat, env_factory(cfg.env, pool_dir / "cache", cfg.env.sandbox),
+                              pool_tasks(cfg), cfg.rollout, cfg.online.pool, log_path, seed=cfg.seed)
+
+
 @dataclass
 class Service:
     cfg: FlywheelConfig
@@ -89,14 +118,21 @@ class Service:
     engine: LocalEngine
     state: ServingState
     learner: OnlineLearner | None
+    pool: BackgroundRollouts | None = None
     runner: web.AppRunner | None = None
     port: int = 0
     _stop: threading.Event | None = None
     _threads: tuple[threading.Thread, ...] = ()
     _tasks: tuple[asyncio.Task, ...] = ()
+    _pool_stop: asyncio.Event | None = None
 
     @classmethod
     def build(cls, cfg: FlywheelConfig, model_dir: str | None = None, key_file: str | None = None) -> Service:
+        pool_cfg = cfg.online.pool
+        if pool_cfg.rollouts and pool_cfg.max_background_rows > cfg.inference.max_batch_size:
+            raise ValueError(f"online.pool.max_background_rows = {pool_cfg.max_background_rows} exceeds "
+                             f"inference.max_batch_size = {cfg.inference.max_batch_size}; lower it (the rows it "
+                             f"leaves free are kept for users)")
         model, tok = load_policy(cfg, model_dir)
         elog = EventLog(db_url_of(cfg))
         store_url = store_url_of(cfg)
@@ -106,7 +142,9 @@ class Service:
             print(f"flywheel serve: created API key 'default' (stored hashed; shown once): {key}", flush=True)
         learner_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
         gate_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
-        engine = build_engine(cfg.inference, model, tok, cfg.numerics.batch_invariant)
+        engine = build_engine(cfg.inference, model, tok, cfg.numerics.batch_invariant,
+                              pool_cfg.max_background_rows if pool_cfg.rollouts else None,
+                              pool_cfg.max_background_prefill_tokens if pool_cfg.rollouts else None)
         follower = DeploymentFollower(elog, Subscriber.from_config(store_url, engine, cfg.weights), engine)
         follower.step()  # serve the deployed version from the first request on (a restart may be at v > 0)
         state = ServingState(engine, tok, elog, cfg.online.serve, follower)
@@ -117,7 +155,9 @@ class Service:
             gate = Gate(cfg.online.gate, PreferenceSuite(SuggestionTask(), chat, tok), gate_engine)
             learner = OnlineLearner(learner_model, cfg.online, elog, store_url, gate, cfg.trainer,
                                     anchor_every=cfg.weights.anchor_every)
-        return cls(cfg, elog, engine, state, learner)
+        pool = build_pool(cfg, engine, tok) if pool_cfg.rollouts else None
+        state.pool = pool
+        return cls(cfg, elog, engine, state, learner, pool)
 
     async def start(self, port_file: str | None = None) -> int:
         await self.engine.start()
@@ -128,6 +168,15 @@ class Service:
         self.port = int(self.runner.addresses[0][1])
         assert self.state.follower is not None
         self._tasks = (asyncio.ensure_future(self.state.follower.run(self.cfg.online.serve.deploy_poll_s)),)
+        if self.pool is not None:
+            # The sessions' sandbox calls (reset, tools, grading: seconds each) run in the loop's default executor,
+            # as the handlers' event-log commits do; enough threads that rollouts never queue a user's commit.
+            loop = asyncio.get_running_loop()
+            sessions = self.cfg.online.pool.groups_in_flight * self.cfg.rollout.group_size
+            loop.set_default_executor(ThreadPoolExecutor(
+                max_workers=16 + 2 * min(self.cfg.rollout.concurrency, sessions), thread_name_prefix="flywheel-serve"))
+            self._pool_stop = asyncio.Event()
+            self._tasks += (asyncio.ensure_future(self.pool.run(self._pool_stop)),)
         self._stop = threading.Event()
         if self.learner is not None:
             t = threading.Thread(target=self.learner.run, args=(self._stop,), name="online-learner", daemon=True)
@@ -142,6 +191,9 @@ class Service:
     async def stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
+        if self._pool_stop is not None:
+            self._pool_stop.set()  # the pool cancels its sessions and closes its log
+            await asyncio.gather(*self._tasks[1:], return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         for t in self._threads:
