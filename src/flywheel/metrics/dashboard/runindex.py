@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flywheel.metrics.dashboard.online import DB_NAME, OnlineLog
 from flywheel.types import Trajectory
 
 _SEGMENTS = b'"segments": ['
@@ -358,6 +359,7 @@ class RunIndex:
     """One run directory: config, summary, metrics and trajectories, refreshed by `poll()`."""
 
     path: Path
+    online_window: int = 32  # feedback events in an online run's live accept rate (online.py)
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     file_problems: list[Problem] = field(default_factory=list)
@@ -366,6 +368,7 @@ class RunIndex:
         self.name = self.path.name
         self.metrics = MetricsFile(self.path / "metrics.jsonl")
         self.trajectories = TrajectoryFiles(self.path / "trajectories")
+        self.online: OnlineLog | None = None  # an online run's event log (`flywheel serve`), when there is one
         self._stamps: dict[str, float] = {}
         self.generation = 0  # counts polls that found something new (caches key on it)
         self.poll()
@@ -381,7 +384,7 @@ class RunIndex:
         return True
 
     def poll(self) -> dict[str, int]:
-        """Read what changed; returns the numbers of new metrics records and new trajectories."""
+        """Read what changed; returns the numbers of new metrics records, trajectories and online log rows."""
         changed_small = False
         evals = sorted(p.name for p in self.path.glob("eval_*.jsonl"))
         for name in ("config.json", "summary.json", *evals):
@@ -394,8 +397,11 @@ class RunIndex:
             orch = self.config.get("orchestrator")
             orch = orch if isinstance(orch, dict) else {}
             self.trajectories.bucket_key = str(orch.get("task_bucket_key") or "")
+        if self.online is None and (self.path / DB_NAME).exists():
+            self.online = OnlineLog(self.path / DB_NAME, self.online_window)
+            changed_small = True
         changed = {"records": self.metrics.poll(), "trajectories": self.trajectories.poll(),
-                   "files": int(changed_small)}
+                   "files": int(changed_small), "online": self.online.poll() if self.online else 0}
         if any(changed.values()):
             self.generation += 1
         return changed
@@ -405,9 +411,12 @@ class RunIndex:
         notes = []
         if not self.path.is_dir():
             return [f"run directory {self.path} is gone"]
+        if self.online is not None and self.online.problem:
+            notes.append(f"online event log: {self.online.problem}")
         if not (self.path / "metrics.jsonl").exists():
-            notes.append("no metrics.jsonl yet: the run has not finished its first trainer step "
-                         "(or this is not a run directory)")
+            if self.online is None:  # a serving run keeps no metrics.jsonl: its figures are in the event log
+                notes.append("no metrics.jsonl yet: the run has not finished its first trainer step "
+                             "(or this is not a run directory)")
         elif not self.metrics.records:
             notes.append("metrics.jsonl holds no complete record yet")
         for p in self.file_problems + self.metrics.tail.problems + self.trajectories.problems():
@@ -438,9 +447,9 @@ class RunIndex:
 
 
 def looks_like_run(path: Path) -> bool:
-    """A run directory holds metrics, trajectories or a summary, or a flywheel config.json (a model directory's
-    config.json, which has no `trainer` section, does not count)."""
-    if any((path / n).exists() for n in ("metrics.jsonl", "trajectories", "summary.json")):
+    """A run directory holds metrics, trajectories, a summary or an online event log (`flywheel serve`), or a
+    flywheel config.json (a model directory's config.json, which has no `trainer` section, does not count)."""
+    if any((path / n).exists() for n in ("metrics.jsonl", "trajectories", "summary.json", DB_NAME)):
         return True
     try:
         return b'"trainer"' in (path / "config.json").read_bytes()

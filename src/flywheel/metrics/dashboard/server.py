@@ -7,11 +7,12 @@
     app = build_app(Dashboard(Path("runs")))     # from code (the browser tests and the benchmark do this)
 
 Why so: aiohttp is already a dependency and serves both the API and the event stream from one asyncio loop.
-One poller reads what every run appended (runindex.py reads only new bytes) and pushes it to each open page
-as an SSE `update` event, so a page never re-downloads what it has and a hundred pages cost one poller. The
-server only reads: there is no route that writes, and every request needs the token when one is set (query
-`?token=`, which also sets a cookie, or `Authorization: Bearer`). An exception in a handler becomes a JSON
-error naming the run and what failed; the server keeps serving.
+One poller reads what every run appended (runindex.py reads only new bytes; online.py only new rows of an online
+run's event log) and pushes it to each open page as an SSE `update` event, so a page never re-downloads what it
+has and a hundred pages cost one poller; for an online run the event says the log grew and the page fetches
+`/api/run/<name>/online`, a view of bounded size. The server only reads: there is no route that writes, and
+every request needs the token when one is set (query `?token=`, which also sets a cookie, or `Authorization:
+Bearer`). An exception in a handler becomes a JSON error naming the run and what failed; the server keeps serving.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def _json(data: Any, status: int = 200) -> web.Response:
 class Dashboard:
     """The runs under one directory, polled for what they append; subscribers get each change."""
 
-    def __init__(self, root: Path, poll_s: float = 1.0):
+    def __init__(self, root: Path, poll_s: float = 1.0, online_window: int = 32):
         self.root = Path(root)
         self.poll_s = poll_s
+        self.online_window = online_window
         self.runs: dict[str, RunIndex] = {}
         self.decoders: dict[str, TokenDecoder | None] = {}
         self.tasks: dict[str, RunTasks] = {}
@@ -76,7 +78,7 @@ class Dashboard:
             for path in discover_runs(self.root):
                 name = path.name if path != self.root else self.root.name
                 if name not in self.runs:
-                    self.runs[name] = RunIndex(path)
+                    self.runs[name] = RunIndex(path, self.online_window)
                     events.append({"run": name, "new_run": True})
                     continue
                 run = self.runs[name]
@@ -85,7 +87,7 @@ class Dashboard:
                 if any(changed.values()):
                     events.append({"run": name, "first": before, "records": run.metrics.records[before:],
                                    "num_rollouts": len(run.trajectories.rows), "notes": run.status(),
-                                   "files_changed": bool(changed["files"])})
+                                   "files_changed": bool(changed["files"]), "online": bool(changed["online"])})
         return events
 
     def run(self, name: str) -> RunIndex:
@@ -133,7 +135,7 @@ def run_overview(run: RunIndex) -> dict[str, Any]:
     records = run.metrics.records
     steps = [r["step"] for r in records if isinstance(r.get("step"), (int, float))]
     return {"name": run.name, "num_records": len(records), "last_step": max(steps) if steps else None,
-            "num_rollouts": len(run.trajectories.rows), "notes": run.status(),
+            "num_rollouts": len(run.trajectories.rows), "notes": run.status(), "online": run.online is not None,
             "num_steps": trainer.get("num_steps") if isinstance(trainer := run.config.get("trainer"), dict) else None}
 
 
@@ -247,6 +249,13 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
         trajs = await asyncio.to_thread(lambda: [(i, run.trajectories.load(i)) for i in ids])
         return _json({"group": gid, "members": group_view(trajs, dash.decoder(name))})
 
+    async def online(request):
+        run = dash.run(request.match_info["name"])
+        if run.online is None:
+            return _json({"error": f"run {run.name!r} has no online event log ({run.path}/online.db, written by "
+                                   "`flywheel serve`)"}, status=404)
+        return _json(run.online.view())
+
     async def events(request):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -257,6 +266,8 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
             while True:
                 try:
                     event = await asyncio.wait_for(queue.get(), timeout=15.0)
+                    if event is None:  # the server is shutting down
+                        break
                     await resp.write(f"event: update\ndata: {json.dumps(_finite(event))}\n\n".encode())
                 except TimeoutError:
                     await resp.write(b": keep-alive\n\n")
@@ -272,13 +283,20 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
     async def stop_poller(app):
         app[_POLLER].cancel()
 
+    async def end_streams(app):
+        """Close open event streams at shutdown; else a page's stream holds the exit for aiohttp's 60 s timeout."""
+        for q in list(dash.subscribers):
+            q.put_nowait(None)
+
     app = web.Application(middlewares=[guard])
     app.add_routes([web.get("/", index), web.get("/api/runs", runs), web.get("/api/run/{name}", run_detail),
                     web.get("/api/run/{name}/rollouts", rollouts), web.get("/api/run/{name}/rollout/{id}", rollout),
-                    web.get("/api/run/{name}/group", group), web.get("/api/events", events),
+                    web.get("/api/run/{name}/group", group), web.get("/api/run/{name}/online", online),
+                    web.get("/api/events", events),
                     web.get("/favicon.ico", favicon)])
     app.router.add_static("/static/", STATIC)
     app.on_startup.append(start_poller)
+    app.on_shutdown.append(end_streams)
     app.on_cleanup.append(stop_poller)
     return app
 
@@ -291,10 +309,10 @@ def check_binding(host: str, token: str | None) -> None:
 
 
 def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-          poll_s: float = 1.0, print_fn=print) -> None:
+          poll_s: float = 1.0, print_fn=print, online_window: int = 32) -> None:
     """Index the runs under `root` and serve until interrupted."""
     check_binding(host, token)
-    dash = Dashboard(root, poll_s)
+    dash = Dashboard(root, poll_s, online_window)
     url = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
     print_fn(f"flywheel dashboard: {len(dash.runs)} run(s) under {root}; open {url}")
     web.run_app(build_app(dash, token), host=host, port=port, print=None)

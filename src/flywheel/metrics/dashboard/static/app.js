@@ -1,6 +1,7 @@
 // The live dashboard page: overview (tiles, per-bucket table, a chart per metric), the rollout browser, and
 // run comparison. Data comes from the read-only JSON API (server.py); /api/events pushes what each run appends,
-// which is added to the charts in place. Charts are uPlot (vendored); sparklines are plain SVG.
+// which is added to the charts in place. Charts are uPlot (vendored); sparklines are plain SVG. An online run
+// (`flywheel serve`: an event log, online.db) gets the "Online" view (online.js), refreshed when its log grows.
 "use strict";
 
 const R = FlywheelRollouts;
@@ -196,6 +197,7 @@ function appendRecords(records) {
 
 function showStep() {
   const d = state.detail;
+  if (d && d.online && !d.records.length && !d.num_rollouts) return;  // a serving run: online.js says what serves
   $("#live-step").textContent = d ? `step ${d.records.length ? stepOf(d.records.at(-1), d.records.length - 1) : "–"}` +
     (d.num_steps ? ` of ${d.num_steps}` : "") + ` · ${d.num_rollouts} rollouts` : "";
 }
@@ -223,6 +225,14 @@ async function loadRun(name) {
   }
   const d = state.detail;
   banner(d.notes);
+  $("#nav-online").hidden = !d.online;
+  FlywheelOnline.forget();
+  if (d.online) {
+    await loadOnline();
+    // a serving run has no trainer metrics: open on its online view unless the address asked for another
+    if (!d.records.length && state.view === "overview" && !new URLSearchParams(location.hash.slice(1)).get("view"))
+      show("online");
+  } else if (state.view === "online") show("overview");
   $("#run-title").textContent = `run ${name}`;
   renderSummary(d);
   renderTiles(d.records);
@@ -278,6 +288,18 @@ async function openGroup(gid) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------- online
+
+async function loadOnline() {
+  const name = state.run;
+  try {
+    const view = await api(`api/run/${encodeURIComponent(name)}/online`);
+    if (name === state.run) FlywheelOnline.render($("#view-online"), view);
+  } catch (err) {
+    banner([`run ${name}: ${err.message}`]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------- compare
 
 async function renderCompare() {
@@ -318,7 +340,7 @@ async function renderCompare() {
 
 function show(view) {
   state.view = view;
-  for (const v of ["overview", "rollouts", "compare"]) $(`#view-${v}`).hidden = v !== view;
+  for (const v of ["overview", "rollouts", "compare", "online"]) $(`#view-${v}`).hidden = v !== view;
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
   if (view === "overview") drawChartsIfShown();
   if (view === "rollouts" && state.run) listRollouts();
@@ -336,6 +358,7 @@ function connect() {
     if (ev.run !== state.run || !state.detail) return;
     if (ev.files_changed) return loadRun(state.run);
     banner(ev.notes || []);
+    if (ev.online) loadOnline();
     state.detail.num_rollouts = ev.num_rollouts;
     // `first`: the index of the event's first record; the page may already hold some (it fetched the run after
     // the server read them) or have missed some (then it fetches the run again)
@@ -356,8 +379,8 @@ async function loadRuns() {
   }
   state.runs = data.runs;
   if (!data.runs.length) {
-    banner([`no run directories under ${data.root} yet (a run directory holds metrics.jsonl, config.json ` +
-      "or trajectories/); this page updates when one appears"]);
+    banner([`no run directories under ${data.root} yet (a run directory holds metrics.jsonl, config.json, ` +
+      "trajectories/ or online.db); this page updates when one appears"]);
     return;
   }
   const sel = $("#run-select");
