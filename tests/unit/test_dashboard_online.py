@@ -177,3 +177,23 @@ def test_the_server_lists_the_online_run_and_serves_its_view(tmp_path):
     assert view["num_rollbacks"] == 1 and view["history"][-1]["kind"] == "rollback"
     assert detail["online"] is True
     elog.close()
+
+
+def test_a_log_replaced_by_another_is_read_from_its_start(tmp_path):
+    elog, _ = history(tmp_path)
+    log = OnlineLog(tmp_path / "online.db", window=4)
+    assert log.view()["num_deploys"] == 2
+    elog.close()
+    other = EventLog(tmp_path / "b" / "online.db")  # more rows of each kind than the first: seq alone cannot tell
+    other.append_event("deploy", 7, "initial")
+    Writer(other).serve(7, ["accept"] * 20)
+    for i in range(10):
+        other.append_event("learner_reset", 7, f"reset {i}")
+    other.close()
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"online.db{suffix}").unlink(missing_ok=True)
+    (tmp_path / "b" / "online.db").replace(tmp_path / "online.db")
+    log.poll()
+    v = log.view()
+    assert (v["num_deploys"], v["deployed_version"], v["num_completions"], list(v["versions"])) == (1, 7, 20, ["7"])
+    log.close()

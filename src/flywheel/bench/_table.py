@@ -20,6 +20,7 @@ END = "<!-- END results -->"
 # where the method and the discussion of each target's figures live
 DOCS = {"engine": "inference.md", "sandbox": "sandbox.md", "weights": "weights.md", "mismatch": "numerics.md",
         "pipeline": "training.md", "redteam": "integrity.md", "trainer": "training.md", "dashboard": "observability.md",
+        "dashboard_online": "observability.md",
         "numerics_cuda": "numerics.md", "online": "online.md", "pool": "online.md", "envs": "environments.md"}
 
 

@@ -1,6 +1,7 @@
 """Benchmark: real-time RL against simulated users — accept rate before/after, the gate, deploys under load.
 
-    flywheel bench online --out benchmarks/results/online.json [--quick]
+    flywheel bench online --out benchmarks/results/online.json [--quick] [--run-dir runs/bench-online/online]
+    flywheel dashboard runs/bench-online             # its deploys, rollbacks and accept rate, live (Online view)
 
 `flywheel serve` runs as a child process on loopback (a tiny 2-layer policy built here, learner and gate on).
 Simulated users with a hidden preference (online/simulator.py) talk to it through the official `openai` client,
@@ -131,8 +132,12 @@ def run(args: argparse.Namespace) -> dict:
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="flywheel-bench-online-") as tmp:
         root = Path(tmp)
+        run_dir = Path(args.run_dir) if getattr(args, "run_dir", None) else root / "run"
+        if (run_dir / "online.db").exists():
+            raise SystemExit(f"flywheel bench online: {run_dir} already holds an event log (online.db); pass a new "
+                             "--run-dir, so this run's figures are its own")
         model_dir = build_policy(root / "model")
-        server = ServerProcess(root / "run", model_dir)
+        server = ServerProcess(run_dir, model_dir)
         try:
             return _run(server, phases, t_start)
         finally:

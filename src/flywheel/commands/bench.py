@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "e.g. --seeds 0,1,2; the summary averages the pairs (default: the config's seed)")
     p.add_argument("--ranks", default=None, metavar="N,N,...", help="trainer: rank counts to measure, 1 first (the "
                    "single-process baseline), e.g. --ranks 1,2 (default 1,2)")
+    p.add_argument("--run-dir", default=None, metavar="DIR", help="online: keep the serving run's directory (event "
+                   "log, weights, serve.log) in DIR, a new one, for `flywheel dashboard` (default: a temporary one)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="pipeline: a config override "
                    "for both runs, e.g. --set trainer.correction=none (repeatable)")
 

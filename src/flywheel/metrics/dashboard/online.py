@@ -23,7 +23,7 @@ rule of online/deploy.py's `deploy_stack` (a stack of deploys; a rollback pops),
 Accept rate: the share of `accept` among `accept` and `reject` feedback (the Tab signals, as `flywheel bench
 online` counts it); other signals (thumbs, edits, follow-ups) are counted per kind but not in the rate.
 
-Tests: `.venv/bin/python -m pytest -q tests/unit/test_dashboard_online.py tests/integration/test_dashboard_online.py`.
+Tests: `.venv/bin/python -m pytest -q tests/unit/test_dashboard_online.py tests/integration/test_dashboard_online_browser.py`.
 """
 
 from __future__ import annotations
@@ -115,7 +115,6 @@ class OnlineLog:
         self.num_judged = 0  # accept + reject events read
         self.stride = max(1, self.window // 4)
         self.points: list[tuple[float, float, int]] = []  # (time s, accept rate over the window, events so far)
-        self.first_s: float | None = None
         self.last_s: float | None = None
 
     # ---- reading ------------------------------------------------------------------------------------
@@ -127,14 +126,16 @@ class OnlineLog:
 
     def _connect(self) -> sqlite3.Connection:
         inode = self.path.stat().st_ino
-        if self._conn is not None and inode != self._inode:  # replaced by a new file: start again
+        if inode != self._inode:  # a new file (also after an error closed the last connection): start again
             self.close()
-            self.reset()
+            if self._inode is not None:
+                self.reset()
+            self._inode = inode
         if self._conn is None:
-            # mode=ro: this process cannot write, whatever a bug asks; isolation_level None: transactions are ours
+            # mode=ro: this process cannot write, whatever a bug asks; isolation_level None: transactions are ours;
+            # check_same_thread off: the dashboard polls from a worker thread, one poll at a time (its lock)
             self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
                                          timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-            self._inode = inode
         return self._conn
 
     def poll(self) -> int:
@@ -230,7 +231,6 @@ class OnlineLog:
 
     def _fold(self, signal: str, t: float, version: int | None) -> None:
         """One feedback event into the counters and the accept-rate series."""
-        self.first_s = t if self.first_s is None else self.first_s
         self.last_s = t
         if version is not None:
             vs = self.versions.setdefault(version, VersionStats())

@@ -1,7 +1,7 @@
 """The dashboard's Online view in a real headless Chromium, on an event log written by the real EventLog.
 
-    .venv/bin/python -m pytest -q tests/integration/test_dashboard_online.py
-    FLYWHEEL_SCREENSHOTS=docs/observability .venv/bin/python -m pytest -q tests/integration/test_dashboard_online.py
+    .venv/bin/python -m pytest -q tests/integration/test_dashboard_online_browser.py
+    FLYWHEEL_SCREENSHOTS=docs/observability .venv/bin/python -m pytest -q tests/integration/test_dashboard_online_browser.py
 
 The log holds what `flywheel serve` writes: completions with users' accept/reject feedback, candidates with gate
 verdicts, deploys, a gate rejection and a rollback (OnlineRun below). The server is `flywheel
