@@ -147,8 +147,9 @@ def test_a_corrupt_foreign_or_vanished_log_is_a_sentence_not_a_crash(tmp_path):
     con.execute("CREATE TABLE other (x)")
     con.commit()
     con.close()
-    index.poll()
+    assert index.poll()["online"] == 1  # a new problem is a change: the open pages' banners get it
     assert any("does not hold flywheel's online event log" in n for n in index.status())
+    assert index.poll()["online"] == 0
     (run / "online.db").unlink()
     index.poll()
     assert any("online.db is gone" in n for n in index.status())

@@ -400,8 +400,13 @@ class RunIndex:
         if self.online is None and (self.path / DB_NAME).exists():
             self.online = OnlineLog(self.path / DB_NAME, self.online_window)
             changed_small = True
+        online = 0
+        if self.online is not None:
+            problem = self.online.problem
+            online = self.online.poll()
+            online = online or int(self.online.problem != problem)  # a new or cleared problem: the banner changes
         changed = {"records": self.metrics.poll(), "trajectories": self.trajectories.poll(),
-                   "files": int(changed_small), "online": self.online.poll() if self.online else 0}
+                   "files": int(changed_small), "online": online}
         if any(changed.values()):
             self.generation += 1
         return changed
