@@ -11,6 +11,9 @@ built in the background (build_demo_base.py) while the rest of the suite runs:
 * the tests that use `demo_base` are moved to the end of the run; the fixture waits for the build.
 
 Each test then runs the job with `model.path` pointing at the base.
+
+`FLYWHEEL_DEMO_BASE=DIR` names a base built before (`python tests/integration/build_demo_base.py DIR`; the build
+writes DIR/base.json last) and skips the build: for running the learning tests again while changing the loop.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ class DemoBase:
         shutil.copyfile(self.model_dir.parent / "eval_before.jsonl", run_dir / "eval_before.jsonl")
 
 
+BASE_ENV = "FLYWHEEL_DEMO_BASE"
+
+
+def _built(root: Path) -> DemoBase:
+    pass1 = json.loads((root / "base.json").read_text())["pass1"]
+    return DemoBase(root / "base_model", root / "tokenizer", pass1)
+
+
 class DemoBaseBuild:
     """The background build: a child process in a session of its own, writing into a temporary root."""
 
@@ -72,8 +83,7 @@ class DemoBaseBuild:
             raise RuntimeError(f"building the demo base took over {BUILD_TIMEOUT_S} s; log: {self._log_tail()}") from None
         if rc != 0 or not (self.root / "base.json").exists():
             raise RuntimeError(f"building the demo base failed (exit {rc}):\n{self._log_tail()}")
-        pass1 = json.loads((self.root / "base.json").read_text())["pass1"]
-        return DemoBase(self.root / "base_model", self.root / "tokenizer", pass1)
+        return _built(self.root)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -95,7 +105,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     users = [item for item in session.items if _uses_base(item)]
-    if users and not session.config.option.collectonly:
+    if users and not session.config.option.collectonly and not os.environ.get(BASE_ENV):
         build = DemoBaseBuild(alone=len(users) == len(session.items))
         session.config.stash[_BUILD] = build
         session.config.add_cleanup(build.stop)
@@ -103,4 +113,10 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(scope="session")
 def demo_base(request) -> DemoBase:
+    given = os.environ.get(BASE_ENV)
+    if given:
+        if not (Path(given) / "base.json").exists():
+            raise RuntimeError(f"{BASE_ENV}={given} holds no built base (no base.json): build it with "
+                               f"`python tests/integration/build_demo_base.py {given}` or unset {BASE_ENV}")
+        return _built(Path(given))
     return request.config.stash[_BUILD].result()
