@@ -58,6 +58,7 @@ class MineReport:
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [tried, kept]
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> candidates (no_failing_test, timeout, ...)
     timeouts: list[str] = field(default_factory=list)  # `path:function (kind)` of each candidate that timed out
+    time_limited: bool = False  # stopped trying candidates at `time_limit_s` (what was kept is kept)
     error: str = ""
     mine_s: float = 0.0
 
@@ -157,10 +158,11 @@ def _try_candidate(project: Project, bug: Bug, root: Path, env_path: Path, passi
 
 
 def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | Path | None, *, max_tasks: int = 50,
-                   max_tries: int | None = None, seed: int = 0, max_f2p: int = 50, limits: MineConfig | None = None
-                   ) -> tuple[list[Task], MineReport]:
+                   max_tries: int | None = None, seed: int = 0, max_f2p: int = 50, limits: MineConfig | None = None,
+                   time_limit_s: float | None = None) -> tuple[list[Task], MineReport]:
     """Mine a project already on disk (an unpacked sdist or any tree with its tests); see the module docstring.
-    `limits`: timeouts and memory limits of every command (default: `MineConfig()`)."""
+    `limits`: timeouts and memory limits of every command (default: `MineConfig()`); `time_limit_s`: no candidate
+    is started after this many seconds from the call (a budget for benchmarks; None = no limit)."""
     t0 = time.perf_counter()
     cfg = limits if limits is not None else MineConfig()
     report = MineReport(project=name)
@@ -200,6 +202,9 @@ def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | 
         budget = max_tries if max_tries is not None else max(4 * max_tasks, 20)
         for bug in bugs:
             if len(tasks) >= max_tasks or report.tried >= budget:
+                break
+            if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+                report.time_limited = True
                 break
             key = f"{bug.path}:{bug.function}"
             if seen_functions.get(key, 0) >= 2:  # spread the tasks over the project's functions
