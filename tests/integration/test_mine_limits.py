@@ -124,3 +124,12 @@ def test_a_hanging_candidate_is_rejected_as_timeout_and_leaves_no_process(mode: 
         time.sleep(0.02)
     assert [p for p in hung if not gone(p)] == []
     assert elapsed < 3 * 3 + 60  # each try stopped at its 3 s limit (the rest: env build, baseline, git)
+
+
+def test_a_project_that_cannot_be_read_is_reported_not_raised(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "pyproject.toml").write_text("[project\nname = ")  # not TOML
+    tasks, report = mine_directory("broken-0.1", root, tmp_path / "cache", tmp_path / "envs")
+    assert tasks == [] and report.tried == 0
+    assert report.error.startswith("cannot import the project: cannot read the dependencies in pyproject.toml")

@@ -167,8 +167,13 @@ def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | 
     cfg = limits if limits is not None else MineConfig()
     report = MineReport(project=name)
     cache = Path(cache_dir)
-    project = import_project(src, cache / "repos", name, timeout_s=cfg.git_timeout_s)
-    spec = spec_from_dir(project.repo, name=name.rsplit("-", 1)[0])
+    try:  # a project that cannot be read is reported and skipped: the other projects of the run go on
+        project = import_project(src, cache / "repos", name, timeout_s=cfg.git_timeout_s)
+        spec = spec_from_dir(project.repo, name=name.rsplit("-", 1)[0])
+    except ValueError as err:
+        report.error = f"cannot import the project: {err}"
+        report.mine_s = time.perf_counter() - t0
+        return [], report
     report.env = build_env(spec, envs_dir, timeout_s=cfg.install_timeout_s, memory_mb=cfg.install_memory_mb)
     if report.env.status == "failed":
         report.error = f"environment build failed: {report.env.error[-400:]}"
