@@ -1,5 +1,6 @@
 """Real repositories as environments: `flywheel bench envs --out FILE` (14 projects, up to 20 tasks each; `--quick`:
-2 projects, 4 tasks each).
+2 projects, 4 tasks each; `--time-budget-s S`: mining gets 70 % of S, split evenly over the projects, each stopping
+its candidates past its share).
 
 Per-repository environments, real-code task mining and grading with a repository's own environment, on pinned
 source distributions of small pure-Python projects from the package index (PROJECTS), all in one run:
@@ -72,9 +73,14 @@ def run(args: Any) -> dict:
     requests, hits, builds = 0, 0, []
     tasks: list[Task] = []
     tried = 0
+    budget_s = getattr(args, "time_budget_s", None)
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"--time-budget-s must be a positive number of seconds (got {budget_s})")
+    per_project_s = None if budget_s is None else 0.7 * budget_s / len(projects)
+    result["time_budget_s"], result["per_project_mine_s"] = budget_s, per_project_s
     t0 = time.perf_counter()
     for pin in projects:
-        got, rep = mine_project(pin, work / "mine", envs_dir, max_tasks=per_project, seed=0)
+        got, rep = mine_project(pin, work / "mine", envs_dir, max_tasks=per_project, seed=0, time_limit_s=per_project_s)
         if rep.env is not None:
             requests += 1
             hits += rep.env.status == "cached"
@@ -85,7 +91,9 @@ def run(args: Any) -> dict:
         result["projects"][pin] = {"tried": rep.tried, "kept_mined": rep.kept, "by_kind": rep.by_kind,
                                    "baseline_tests": rep.baseline_passed, "baseline_s": round(rep.baseline_s, 2),
                                    "env": rep.env.key if rep.env else None, "env_status": rep.env.status if rep.env
-                                   else None, "mine_s": round(rep.mine_s, 1), "error": rep.error[:400]}
+                                   else None, "mine_s": round(rep.mine_s, 1), "error": rep.error[:400],
+                                   "rejected": rep.rejected, "timeouts": rep.timeouts[:20],
+                                   "time_limited": rep.time_limited}
     mine_s = time.perf_counter() - t0
     # every task asks for its environment again, as `flywheel envs build` does: all must be cache hits
     for t in tasks:

@@ -2,12 +2,15 @@
 
     flywheel tasks synth --n 1000 --seed 0 --out tasks.jsonl [--split heldout] [--difficulty easy]
     flywheel tasks mine --projects inflection==0.5.1,toolz==0.12.1 --out mined.jsonl [--verify]
+        [--config FILE] [--mine.candidate_timeout_max_s 120 --mine.test_memory_mb 4096 ...]
     flywheel tasks check tasks.jsonl [--format swebench --repos-dir clones/] [--grade] [--envs-dir DIR]
 
 `synth` writes verified tasks (the original passes every test, the mutant fails one) as flywheel JSONL;
 `mine` injects bugs into real projects (source distributions from the package index, pinned NAME==VERSION, or
 `--dir NAME=PATH`) and keeps those their own test suites catch (tasks/mine/); `--verify` then grades each kept task
-as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0.
+as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0. Every command mining
+runs has the wall-clock and memory limits of the `[mine]` config section (a config file and `--mine.KEY VALUE`
+overrides); a candidate whose tests time out is rejected with that reason (the report's `rejected`, `timeouts`).
 `check` loads a file the way a run does and lists the broken tasks (exit code 1 when there are any), tasks whose
 own environment (`python_env`) is not built or failed to build among them; with
 `--grade` it also grades, as a run would, each task's reference solution (must earn 1 with no flag) and its
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "generate synthetic bug-fix tasks or check a task file"
+ACCEPTS_OVERRIDES = True  # `tasks mine` only: `--mine.KEY VALUE` (the limits of mining, config/mine.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--verify", action="store_true", help="grade every kept task (fix -> 1, bugged -> 0) and keep "
                    "only those that pass")
     m.add_argument("--report", default=None, help="also write the per-project report (JSON) here")
+    m.add_argument("--config", default=None, help="config file whose [mine] section sets the timeouts and memory "
+                   "limits (default: the defaults of docs/config.md); `--mine.KEY VALUE` overrides one")
     c = sub.add_parser("check", help="load a task file and report broken tasks")
     c.add_argument("path", help="JSONL task file")
     c.add_argument("--format", default="auto", choices=["auto", "flywheel", "swebench", "humaneval"])
@@ -74,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "mine":
         return _mine(args)
+    if args.overrides:
+        raise SystemExit(f"flywheel tasks {args.action}: unrecognized arguments: {' '.join(args.overrides)}")
     from flywheel.config import EnvConfig
     from flywheel.tasks.loaders import load_tasks
     from flywheel.tasks.repoenv import env_problem
@@ -120,10 +128,11 @@ def _mine(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from flywheel.config import EnvConfig
+    from flywheel.config import EnvConfig, load_config
     from flywheel.tasks.loaders import save_tasks
     from flywheel.tasks.mine import mine_directory, mine_project
 
+    limits = load_config(args.config, args.overrides).mine
     cfg = EnvConfig(grade_cache=0, **({"python_envs_dir": args.envs_dir} if args.envs_dir else {}))
     pins = [p.strip() for p in args.projects.split(",") if p.strip()]
     dirs = []
@@ -134,18 +143,18 @@ def _mine(args: argparse.Namespace) -> int:
         dirs.append((name, Path(path)))
     if not pins and not dirs:
         raise SystemExit("flywheel tasks mine: give --projects NAME==VERSION,... or --dir NAME=PATH")
-    kw = {"max_tasks": args.max_per_project, "max_tries": args.max_tries, "seed": args.seed}
+    kw = {"max_tasks": args.max_per_project, "max_tries": args.max_tries, "seed": args.seed, "limits": limits}
     tasks, reports = [], []
     for pin in pins:
         got, rep = mine_project(pin, args.cache_dir, cfg.python_envs_dir, **kw)
         tasks += got
         reports.append(rep)
-        print(f"{rep.project}: kept {rep.kept} of {rep.tried} tried" + (f" ({rep.error[:300]})" if rep.error else ""))
+        print(_line(rep))
     for name, path in dirs:
         got, rep = mine_directory(name, path, args.cache_dir, cfg.python_envs_dir, **kw)
         tasks += got
         reports.append(rep)
-        print(f"{rep.project}: kept {rep.kept} of {rep.tried} tried" + (f" ({rep.error[:300]})" if rep.error else ""))
+        print(_line(rep))
     dropped = 0
     if args.verify:
         from flywheel.envs.verify import verify_tasks
@@ -158,3 +167,10 @@ def _mine(args: argparse.Namespace) -> int:
         Path(args.report).write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1, default=str))
     print(f"wrote {len(tasks)} tasks to {args.out}" + (f" ({dropped} dropped by verification)" if args.verify else ""))
     return 0 if tasks else 1
+
+
+def _line(rep) -> str:
+    """One project's outcome: kept / tried, the rejection reasons, and the error that stopped it, if any."""
+    why = ", ".join(f"{k} {v}" for k, v in sorted(rep.rejected.items()))
+    return (f"{rep.project}: kept {rep.kept} of {rep.tried} tried" + (f"; rejected: {why}" if why else "")
+            + (f" ({rep.error[:300]})" if rep.error else ""))

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from flywheel.config.base import ConfigError, Section
+from flywheel.config.mine import MineConfig
 from flywheel.config.online import OnlineConfig
 
 
@@ -438,6 +439,7 @@ class FlywheelConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     numerics: NumericsConfig = Field(default_factory=NumericsConfig)
     online: OnlineConfig = Field(default_factory=OnlineConfig)
+    mine: MineConfig = Field(default_factory=MineConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -38,7 +38,9 @@ bwrap parses the host's whole mount table for every bind it makes, so fewer bind
   write root-owned paths (the system, the task base, other sandboxes), the process-count limit is
   per sandbox, and `close()` kills every process of that uid, setsid'd daemons included. Where the
   interpreter lies in a private directory (a pyenv under /root), each command gets a private mount
-  namespace in which read-only binds of the Python roots cover that directory.
+  namespace in which read-only binds of the Python roots cover that directory. Commands die with their owner
+  even when it is SIGKILLed: each command's process group (and, as root, the sandbox uid) is registered with the
+  owner's lifeline (`lifeline.py`), which kills them when the owner is gone.
   Does not cover: it sees the whole host file system read-only-by-permissions, may write
   world-writable places (/tmp, /dev/shm), and without root it has the network, runs as the calling
   user (can write anything the user can, including the base), counts `max_procs` against all of that
@@ -90,6 +92,7 @@ from flywheel.sandbox.host import (
     read_capped,
     resolve_kind,
 )
+from flywheel.sandbox.lifeline import LIFELINE
 from flywheel.sandbox.rootfs import EXEC_PATH, bwrap_system_args, reap_stale
 from flywheel.sandbox.workspace import (
     Workspace,
@@ -142,6 +145,7 @@ def _reap_once(tmp_root: str) -> int:
 
 class _BaseSandbox(abc.ABC):
     kind = ""
+    _lifeline = False  # register commands (and the uid) with this process's lifeline: kinds without --die-with-parent
 
     def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None,
                  python_env: str | Path | None = None, *, netns_fd: int | None = None,
@@ -163,6 +167,8 @@ class _BaseSandbox(abc.ABC):
         self._owner_pid = os.getpid()  # a forked child inherits this object but must not tear it down
         _reap_once(tmp_root or default_tmp_root())
         self.uid = UIDS.acquire() if is_root() else None
+        if self.uid is not None and self._lifeline:
+            LIFELINE.track_uid(self.uid)
         self._lock = threading.Lock()
         self._num_runs = 0
         self._running: set[int] = set()  # process groups of commands in flight
@@ -171,6 +177,8 @@ class _BaseSandbox(abc.ABC):
             self._ws = Workspace(base, owner_uid=self.uid, tmp_root=tmp_root)
         except BaseException:
             if self.uid is not None:
+                if self._lifeline:
+                    LIFELINE.untrack_uid(self.uid)
                 UIDS.release(self.uid)
             raise
         self.workspace = self._ws.path
@@ -223,6 +231,8 @@ class _BaseSandbox(abc.ABC):
     def _released(self) -> None:
         """After close, once the workspace is gone: give back what the sandbox held."""
         if self.uid is not None:
+            if self._lifeline:
+                LIFELINE.untrack_uid(self.uid)
             UIDS.release(self.uid)
 
     def _kill_leftovers(self) -> None:
@@ -271,13 +281,19 @@ class _BaseSandbox(abc.ABC):
                 if info_w >= 0:
                     os.close(info_w)
             self._running.add(proc.pid)
-            if not _wait(proc, timeout):
-                timed_out = True
-                _killpg(proc.pid)
-                proc.wait()
-                self._after_timeout(info_r)
-            _killpg(proc.pid)  # leftovers in the group (no-op for bwrap: the pid namespace is gone)
-            self._running.discard(proc.pid)
+            if self._lifeline:
+                LIFELINE.track_group(proc.pid)
+            try:
+                if not _wait(proc, timeout):
+                    timed_out = True
+                    _killpg(proc.pid)
+                    proc.wait()
+                    self._after_timeout(info_r)
+            finally:  # also on KeyboardInterrupt: the command does not outlive the call
+                _killpg(proc.pid)  # leftovers in the group (no-op for bwrap: the pid namespace is gone)
+                self._running.discard(proc.pid)
+                if self._lifeline:
+                    LIFELINE.untrack_group(proc.pid)
             duration = time.perf_counter() - t0
             return ExecResult(proc.returncode, read_capped(fds[0]), read_capped(fds[1]), timed_out, duration)
         finally:
@@ -501,6 +517,7 @@ class LocalSandbox(_BaseSandbox):
     """A subprocess in the private workspace; as root: no network and a per-sandbox uid."""
 
     kind = "local"
+    _lifeline = True  # no pid namespace to die with the owner: the lifeline kills its commands and uid
 
     def __init__(self, base: Path, limits: SandboxLimits, tmp_root: str | None = None,
                  python_env: str | Path | None = None, *, netns_fd: int | None = None,

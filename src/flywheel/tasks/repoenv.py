@@ -39,7 +39,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 import tomllib
@@ -47,6 +46,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from flywheel.sandbox.bounded import run_bounded
 
 PYTEST_REQUIREMENT = "pytest==8.3.5"  # the runner every environment gets (pinned: the env key must mean one thing)
 BUILD_VERSION = 1  # bump when the way environments are built changes: old keys then no longer match
@@ -265,8 +266,12 @@ def built(spec: dict[str, Any], envs_dir: str | Path | None = None) -> EnvBuild 
 
 
 def build_env(spec: dict[str, Any], envs_dir: str | Path | None = None, *, retry: bool = False,
-              timeout_s: float = 1800.0) -> EnvBuild:
-    """Build the venv of `spec` unless it is built (status "cached") or failed before (unless `retry`)."""
+              timeout_s: float = 1800.0, memory_mb: int | None = 8192) -> EnvBuild:
+    """Build the venv of `spec` unless it is built (status "cached") or failed before (unless `retry`).
+
+    `timeout_s` bounds the pip install and `memory_mb` its address space (mine.install_timeout_s,
+    mine.install_memory_mb); past either the build fails with the reason, and nothing of it keeps running
+    (sandbox/bounded.py)."""
     check_spec(spec)
     key, path, failed, lock = _paths(spec, envs_dir)
     name = str(spec.get("name", ""))
@@ -282,18 +287,18 @@ def build_env(spec: dict[str, Any], envs_dir: str | Path | None = None, *, retry
         t0 = time.perf_counter()
         error = ""
         try:
-            r = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], capture_output=True,
-                               text=True, timeout=300, check=False)
+            r = run_bounded([sys.executable, "-m", "venv", "--without-pip", str(path)], timeout_s=300,
+                            memory_mb=memory_mb)
             if r.returncode != 0:
                 error = f"python -m venv failed: {(r.stdout + r.stderr)[-2000:]}"
             else:
-                r = subprocess.run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install",
-                                    "--no-input", "--disable-pip-version-check", "-q", *spec["requirements"]],
-                                   capture_output=True, text=True, timeout=timeout_s, check=False)
-                if r.returncode != 0:
+                r = run_bounded([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install",
+                                 "--no-input", "--disable-pip-version-check", "-q", *spec["requirements"]],
+                                timeout_s=timeout_s, memory_mb=memory_mb)
+                if r.timed_out:
+                    error = f"the build took longer than {timeout_s:.0f} s (mine.install_timeout_s)"
+                elif r.returncode != 0:
                     error = f"pip install failed (exit {r.returncode}): {(r.stdout + r.stderr)[-2000:].strip()}"
-        except subprocess.TimeoutExpired:
-            error = f"the build took longer than {timeout_s:.0f} s"
         except OSError as err:
             error = f"cannot run the build: {err}"
         install_s = time.perf_counter() - t0
@@ -301,9 +306,8 @@ def build_env(spec: dict[str, Any], envs_dir: str | Path | None = None, *, retry
             shutil.rmtree(path, ignore_errors=True)
             failed.write_text(json.dumps({"key": key, "spec": spec, "error": error, "install_s": install_s}, indent=1))
             return EnvBuild(key=key, name=name, path=str(path), status="failed", install_s=install_s, error=error)
-        r = subprocess.run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "list",
-                            "--format=freeze", "--disable-pip-version-check"], capture_output=True, text=True,
-                           timeout=120, check=False)
+        r = run_bounded([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "list",
+                         "--format=freeze", "--disable-pip-version-check"], timeout_s=120, memory_mb=memory_mb)
         packages = sorted(r.stdout.split()) if r.returncode == 0 else []
         disk = _disk_bytes(path)
         record = {"key": key, "spec": spec, "install_s": install_s, "disk_bytes": disk, "packages": packages,

@@ -12,7 +12,11 @@ still pass are PASS_TO_PASS. The bugged tree is committed (`refs/flywheel/<task 
 original file, and the problem statement lists the failing tests and their failure lines, never the fix.
 
 The mining runs are plain subprocesses in a scratch directory (not sandboxes) under the environment's Python, with
-pytest's plugin autoload off as at grading; `flywheel tasks mine --verify` and `flywheel bench envs` then grade
+pytest's plugin autoload off as at grading. Each (and every install, download and git command) goes through
+`sandbox.bounded.run_bounded`: a wall-clock limit and an address-space limit from `MineConfig` (`[mine]`), and its
+whole process group killed on timeout, on interrupt, after it exits, and when flywheel itself dies. A candidate whose
+run times out is rejected with reason `timeout` (`MineReport.rejected`, `MineReport.timeouts`) and mining goes on;
+so is one whose commit fails (reason `error`); `flywheel tasks mine --verify` and `flywheel bench envs` then grade
 every kept task through the real grading path (envs/reward.py: restored tests, sandbox, guard): the reference fix
 must earn 1 and the bugged tree 0. Tests whose ids hold whitespace are left out of both lists (a printed log cannot
 name them exactly).
@@ -24,13 +28,14 @@ import difflib
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flywheel.config.mine import MineConfig
+from flywheel.sandbox.bounded import run_bounded
 from flywheel.tasks.mine.bugs import Bug, candidate_bugs, is_source_module
 from flywheel.tasks.mine.sources import Project, commit_change, fetch_sdist, git, import_project
 from flywheel.tasks.repoenv import EnvBuild, build_env, spec_from_dir
@@ -51,21 +56,24 @@ class MineReport:
     tried: int = 0
     kept: int = 0
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [tried, kept]
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> candidates (no_failing_test, timeout, ...)
+    timeouts: list[str] = field(default_factory=list)  # `path:function (kind)` of each candidate that timed out
+    time_limited: bool = False  # stopped trying candidates at `time_limit_s` (what was kept is kept)
     error: str = ""
     mine_s: float = 0.0
 
 
-def run_suite(root: Path, python_env: Path, test_command: str, timeout_s: float) -> tuple[dict[str, str], str, bool]:
-    """(test id -> status, output, timed out) of the project's suite in `root` with the environment's Python."""
+def run_suite(root: Path, python_env: Path, test_command: str, timeout_s: float, memory_mb: int | None = None
+              ) -> tuple[dict[str, str], str, bool]:
+    """(test id -> status, output, timed out) of the project's suite in `root` with the environment's Python.
+    The run and everything it starts are killed past `timeout_s` and limited to `memory_mb` of address space."""
     env = {**os.environ, **RUN_ENV, "PATH": f"{python_env}/bin:{os.environ.get('PATH', '')}",
            "VIRTUAL_ENV": str(python_env)}
     env.pop("PYTHONPATH", None)
-    try:
-        r = subprocess.run(f"{test_command} -p no:cacheprovider", shell=True, cwd=root, env=env, capture_output=True,
-                           text=True, timeout=timeout_s, check=False, start_new_session=True)
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
-        return {}, out, True
+    r = run_bounded(f"{test_command} -p no:cacheprovider", cwd=root, env=env, timeout_s=timeout_s,
+                    memory_mb=memory_mb)
+    if r.timed_out:
+        return {}, r.stdout + r.stderr, True
     return parse_pytest(r.stdout), r.stdout + r.stderr, False
 
 
@@ -120,15 +128,53 @@ def _task_from(project: Project, bug: Bug, n: int, f2p: list[str], p2p: list[str
               "difficulty": "hard" if bug.kind == "blank_body" else "medium"})
 
 
+def _try_candidate(project: Project, bug: Bug, root: Path, env_path: Path, passing: list[str], timeout: float,
+                   cfg: MineConfig, max_f2p: int, name: str, tasks: list[Task], spec: dict[str, Any]) -> str:
+    """Run the suite with `bug` written into `root`; append the task when the suite catches it. Returns "" when
+    kept, else the reason it is rejected (`timeout`, `no_failing_test`, `too_many_failing`, `error`)."""
+    target = root / bug.path
+    target.write_text(bug.new_text, encoding="utf-8")
+    try:
+        now, out, timed_out = run_suite(root, env_path, project.test_command, timeout, cfg.test_memory_mb)
+    finally:
+        target.write_text(bug.old_text, encoding="utf-8")
+    if timed_out:
+        return "timeout"
+    f2p = [t for t in passing if now.get(t) != "passed"]
+    p2p = [t for t in passing if now.get(t) == "passed"]
+    if not f2p:
+        return "no_failing_test"
+    if len(f2p) > max_f2p:
+        return "too_many_failing"
+    n = len(tasks)
+    ref = f"{name}.{bug.kind}.{bug.function}.{n}".replace("/", "_")
+    try:
+        commit = commit_change(project, bug.path, bug.new_text, ref, f"{ref}: injected {bug.kind}",
+                               timeout_s=cfg.git_timeout_s)
+    except ValueError:
+        return "error"
+    tasks.append(_task_from(project, bug, n, f2p, p2p, failure_lines(out, f2p), spec, commit, ref))
+    return ""
+
+
 def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | Path | None, *, max_tasks: int = 50,
-                   max_tries: int | None = None, seed: int = 0, max_f2p: int = 50) -> tuple[list[Task], MineReport]:
-    """Mine a project already on disk (an unpacked sdist or any tree with its tests); see the module docstring."""
+                   max_tries: int | None = None, seed: int = 0, max_f2p: int = 50, limits: MineConfig | None = None,
+                   time_limit_s: float | None = None) -> tuple[list[Task], MineReport]:
+    """Mine a project already on disk (an unpacked sdist or any tree with its tests); see the module docstring.
+    `limits`: timeouts and memory limits of every command (default: `MineConfig()`); `time_limit_s`: no candidate
+    is started after this many seconds from the call (a budget for benchmarks; None = no limit)."""
     t0 = time.perf_counter()
+    cfg = limits if limits is not None else MineConfig()
     report = MineReport(project=name)
     cache = Path(cache_dir)
-    project = import_project(src, cache / "repos", name)
-    spec = spec_from_dir(project.repo, name=name.rsplit("-", 1)[0])
-    report.env = build_env(spec, envs_dir)
+    try:  # a project that cannot be read is reported and skipped: the other projects of the run go on
+        project = import_project(src, cache / "repos", name, timeout_s=cfg.git_timeout_s)
+        spec = spec_from_dir(project.repo, name=name.rsplit("-", 1)[0])
+    except ValueError as err:
+        report.error = f"cannot import the project: {err}"
+        report.mine_s = time.perf_counter() - t0
+        return [], report
+    report.env = build_env(spec, envs_dir, timeout_s=cfg.install_timeout_s, memory_mb=cfg.install_memory_mb)
     if report.env.status == "failed":
         report.error = f"environment build failed: {report.env.error[-400:]}"
         return [], report
@@ -139,14 +185,19 @@ def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | 
         shutil.copytree(project.repo, work / "tree", ignore=shutil.ignore_patterns(".git"))
         root = work / "tree"
         b0 = time.perf_counter()
-        base, out, timed_out = run_suite(root, env_path, project.test_command, timeout_s=600)
+        base, out, timed_out = run_suite(root, env_path, project.test_command, cfg.baseline_timeout_s,
+                                         cfg.test_memory_mb)
         report.baseline_s = time.perf_counter() - b0
         passing = sorted(t for t, s in base.items() if s == "passed" and not any(c.isspace() for c in t))
         report.baseline_passed = len(passing)
-        if timed_out or not passing:
+        if timed_out:
+            report.error = (f"the test suite did not finish on the original within {cfg.baseline_timeout_s:.0f} s "
+                            f"(mine.baseline_timeout_s): {out[-400:]}")
+            return [], report
+        if not passing:
             report.error = f"the test suite does not pass on the original: {out[-600:]}"
             return [], report
-        timeout = max(30.0, 4 * report.baseline_s + 10)
+        timeout = cfg.candidate_timeout_s(report.baseline_s)
         r = random.Random(f"{seed}:{name}")
         bugs: list[Bug] = []
         for rel in _source_files(root):
@@ -157,28 +208,21 @@ def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | 
         for bug in bugs:
             if len(tasks) >= max_tasks or report.tried >= budget:
                 break
+            if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+                report.time_limited = True
+                break
             key = f"{bug.path}:{bug.function}"
             if seen_functions.get(key, 0) >= 2:  # spread the tasks over the project's functions
                 continue
             report.tried += 1
             counts = report.by_kind.setdefault(bug.kind, [0, 0])
             counts[0] += 1
-            target = root / bug.path
-            target.write_text(bug.new_text, encoding="utf-8")
-            try:
-                now, out, timed_out = run_suite(root, env_path, project.test_command, timeout)
-            finally:
-                target.write_text(bug.old_text, encoding="utf-8")
-            if timed_out:
+            reason = _try_candidate(project, bug, root, env_path, passing, timeout, cfg, max_f2p, name, tasks, spec)
+            if reason:
+                report.rejected[reason] = report.rejected.get(reason, 0) + 1
+                if reason == "timeout":
+                    report.timeouts.append(f"{key} ({bug.kind})")
                 continue
-            f2p = [t for t in passing if now.get(t) != "passed"]
-            p2p = [t for t in passing if now.get(t) == "passed"]
-            if not f2p or len(f2p) > max_f2p:
-                continue
-            n = len(tasks)
-            ref = f"{name}.{bug.kind}.{bug.function}.{n}".replace("/", "_")
-            commit = commit_change(project, bug.path, bug.new_text, ref, f"{ref}: injected {bug.kind}")
-            tasks.append(_task_from(project, bug, n, f2p, p2p, failure_lines(out, f2p), spec, commit, ref))
             seen_functions[key] = seen_functions.get(key, 0) + 1
             counts[1] += 1
             report.kept += 1
@@ -191,8 +235,9 @@ def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | 
 def mine_project(pin: str, cache_dir: str | Path, envs_dir: str | Path | None = None, **kwargs: Any
                  ) -> tuple[list[Task], MineReport]:
     """Mine the source distribution `NAME==VERSION` from the package index (see `mine_directory`)."""
+    limits = kwargs.get("limits") or MineConfig()
     try:
-        src = fetch_sdist(pin, Path(cache_dir))
+        src = fetch_sdist(pin, Path(cache_dir), timeout_s=limits.download_timeout_s)
     except ValueError as err:
         return [], MineReport(project=pin, error=str(err))
     return mine_directory(pin.replace("==", "-"), src, cache_dir, envs_dir, **kwargs)
