@@ -98,7 +98,6 @@ def test_engine_killed_mid_run_loses_no_group(cluster, base, tmp_path):
     assert (run_dir / "final_model" / "config.json").exists()
 
 
-@pytest.mark.long
 def test_grader_actors_grade_and_a_killed_grader_loses_no_group(cluster, base, tmp_path):
     run_dir = tmp_path / "graders"
     # test_unsubmitted: the demo config requires submit, and the tests of a session that did not submit are
@@ -128,7 +127,6 @@ def test_grader_actors_grade_and_a_killed_grader_loses_no_group(cluster, base, t
     assert (run_dir / "final_model" / "config.json").exists()
 
 
-@pytest.mark.long
 def test_engine_added_mid_run_serves_current_version_via_its_region_relay(cluster, base, tmp_path):
     from flywheel.orchestrator.ray import PoolControl
 
@@ -164,7 +162,6 @@ def test_engine_added_mid_run_serves_current_version_via_its_region_relay(cluste
     assert "staleness/region/eu" in last
 
 
-@pytest.mark.long
 def test_trainer_actor_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     run_dir = tmp_path / "kill-trainer"
     cfg = _config(run_dir, ["--orchestrator.num_engines", "1"])
@@ -187,7 +184,6 @@ def test_trainer_actor_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     assert latest_checkpoint(run_dir / "checkpoints").name.endswith("3")
 
 
-@pytest.mark.long
 def test_sharded_trainer_group_rank_killed_resumes_from_checkpoint(cluster, base, tmp_path):
     """`trainer.world_size = 2` on Ray: two RankActors (FSDP2 over gloo) in a placement group; one is killed after
     step 2, the handle starts a fresh group from the newest checkpoint and the run finishes its steps."""
@@ -234,7 +230,6 @@ def _named_actor_alive(name: str) -> bool:
 
 
 @pytest.mark.timeout(1800)  # run alone (`-m ray`), this test also builds the shared demo base (~10 min)
-@pytest.mark.long
 def test_demo_config_learns_on_ray_with_a_two_rank_trainer(cluster, demo_base, tmp_path):
     """The demo's own config with `backend = "ray"` and the trainer sharded over two rank actors (FSDP2, gloo):
     engine, its rollout workers (bwrap sandboxes) and the trainer group as actors, from the demo's mid-trained

