@@ -34,7 +34,7 @@ from pathlib import Path
 
 from flywheel.sandbox.contract import ExecResult
 from flywheel.sandbox.host import memfd, read_capped
-from flywheel.sandbox.lifeline import LIFELINE
+from flywheel.sandbox.lifeline import LIFELINE, register_child
 
 __all__ = ["ExecResult", "run_bounded"]
 
@@ -42,8 +42,10 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def _child_setup(memory_bytes: int | None) -> None:
-    """In the child, before exec: die with the parent, and the address-space limit (inherited by its children)."""
+def _child_setup(memory_bytes: int | None, lifeline_fd: int) -> None:
+    """In the child, before exec: its process group on the owner's lifeline, die with the parent, and the
+    address-space limit (inherited by its children)."""
+    register_child(lifeline_fd)
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if memory_bytes is not None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
@@ -76,10 +78,14 @@ def run_bounded(args: str | Sequence[str], *, timeout_s: float, memory_mb: int |
     t0 = time.perf_counter()
     timed_out = False
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=in_fd, stdout=fds[0], stderr=fds[1],
-                                start_new_session=True, close_fds=True,
-                                preexec_fn=lambda: _child_setup(memory_bytes))  # noqa: PLW1509 - no lock taken
-        LIFELINE.track_group(proc.pid)
+        lifeline_fd = LIFELINE.child_fd()  # the child registers its group before it execs: no window
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=in_fd, stdout=fds[0], stderr=fds[1],
+                                    start_new_session=True, close_fds=True,
+                                    preexec_fn=lambda: _child_setup(memory_bytes, lifeline_fd))  # noqa: PLW1509
+        finally:
+            os.close(lifeline_fd)
+        LIFELINE.track_group(proc.pid)  # again from here, in case the child's write failed
         try:
             try:
                 proc.wait(timeout=timeout_s)

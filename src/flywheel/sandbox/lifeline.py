@@ -26,7 +26,7 @@ import os
 import subprocess
 import threading
 
-__all__ = ["LIFELINE", "Lifeline"]
+__all__ = ["LIFELINE", "Lifeline", "register_child"]
 
 # Reads "+g PGID", "-g PGID", "+u UID", "-u UID" lines until EOF, then kills what is still registered.
 _SCRIPT = r"""
@@ -61,6 +61,23 @@ class Lifeline:
     def pid(self) -> int | None:
         """The helper's pid (None: not started in this process)."""
         return self._proc.pid if self._proc is not None and self._owner == os.getpid() else None
+
+    def ensure(self) -> None:
+        """Start the helper now if it is not running: called before a command starts, so that registering it
+        right after is one `write` (starting bash takes milliseconds, more under load, and a command may act and
+        its owner die within that)."""
+        with self._lock:
+            if self._fd < 0 or self._proc is None or self._proc.poll() is not None:
+                self._close_locked()
+                self._start()
+
+    def child_fd(self) -> int:
+        """A copy of the pipe's write end for a child to register its own process group before it execs
+        (`register_child`), so that no window is left between the command's start and its registration. The
+        caller closes it after the child has started."""
+        self.ensure()
+        with self._lock:
+            return os.dup(self._fd)
 
     def track_group(self, pgid: int) -> None:
         self._send("+g", pgid)
@@ -126,6 +143,15 @@ class Lifeline:
             return
         with self._lock:
             self._close_locked()
+
+
+def register_child(fd: int) -> None:
+    """In a child between fork and exec, leader of its own process group: register that group on `fd`
+    (`Lifeline.child_fd`). A failed write leaves the owner's own registration after the start."""
+    try:
+        os.write(fd, f"+g {os.getpid()}\n".encode())
+    except OSError:
+        pass
 
 
 LIFELINE = Lifeline()

@@ -270,6 +270,8 @@ class _BaseSandbox(abc.ABC):
         info_r, info_w = os.pipe() if self._wants_info_fd else (-1, -1)
         t0 = time.perf_counter()
         timed_out = False
+        if self._lifeline:
+            LIFELINE.ensure()  # running before the command does: registering it is then one write
         try:
             try:
                 with self._spawning():
