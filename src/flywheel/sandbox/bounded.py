@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from flywheel.sandbox.contract import ExecResult
-from flywheel.sandbox.host import memfd, read_capped
+from flywheel.sandbox.host import kill_group, memfd, read_capped
 from flywheel.sandbox.lifeline import LIFELINE, register_child
 
 __all__ = ["ExecResult", "run_bounded"]
@@ -49,13 +49,6 @@ def _child_setup(memory_bytes: int | None, lifeline_fd: int) -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if memory_bytes is not None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_bounded(args: str | Sequence[str], *, timeout_s: float, memory_mb: int | None = None,
@@ -92,7 +85,7 @@ def run_bounded(args: str | Sequence[str], *, timeout_s: float, memory_mb: int |
             except subprocess.TimeoutExpired:
                 timed_out = True
         finally:  # timeout, interrupt or a normal exit: nothing of the group outlives the call
-            _killpg(proc.pid)
+            kill_group(proc.pid)
             proc.wait()
             LIFELINE.untrack_group(proc.pid)
         return ExecResult(proc.returncode, read_capped(fds[0]), read_capped(fds[1]), timed_out,

@@ -128,6 +128,14 @@ def kill_uid(uid: int, max_rounds: int = 100) -> int:
     return killed
 
 
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of process group `pgid`; a group already gone (or not ours) is not an error."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def read_capped(fd: int) -> str:
     """What a command wrote to the memfd `fd`: all of it, or its first and last MAX_OUTPUT_BYTES / 2."""
     size = os.fstat(fd).st_size

@@ -69,7 +69,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -86,6 +85,7 @@ from flywheel.sandbox.host import (
     bwrap_available,
     default_path,
     is_root,
+    kill_group,
     kill_uid,
     memfd,
     python_roots,
@@ -288,11 +288,11 @@ class _BaseSandbox(abc.ABC):
             try:
                 if not _wait(proc, timeout):
                     timed_out = True
-                    _killpg(proc.pid)
+                    kill_group(proc.pid)
                     proc.wait()
                     self._after_timeout(info_r)
             finally:  # also on KeyboardInterrupt: the command does not outlive the call
-                _killpg(proc.pid)  # leftovers in the group (no-op for bwrap: the pid namespace is gone)
+                kill_group(proc.pid)  # leftovers in the group (no-op for bwrap: the pid namespace is gone)
                 self._running.discard(proc.pid)
                 if self._lifeline:
                     LIFELINE.untrack_group(proc.pid)
@@ -315,7 +315,7 @@ class _BaseSandbox(abc.ABC):
             return
         try:
             for pgid in list(self._running):
-                _killpg(pgid)
+                kill_group(pgid)
             self._kill_leftovers()
         finally:
             close_in_background(self._ws, self._released)
@@ -359,13 +359,6 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
         return False
     proc.wait()
     return True
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _bwrap_system_args(tmp_root: str, tmp_bytes: int) -> tuple[tuple[str, ...], bool]:

@@ -43,7 +43,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.sandbox import netns
-from flywheel.sandbox.host import UIDS, bwrap_available, kill_uid, python_roots
+from flywheel.sandbox.host import UIDS, bwrap_available, kill_group, kill_uid, python_roots
 from flywheel.sandbox.rootfs import EXEC_PATH, bwrap_system_args
 from flywheel.sandbox.workspace import default_tmp_root
 
@@ -410,8 +409,7 @@ class TaskServices:
 
 
 def _killpg(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_group(proc.pid)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
 
