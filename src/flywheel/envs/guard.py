@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.envs import guard_site
+from flywheel.tasks.loaders import node_parts
 
 GUARD_PREFIX = ".fwguard-"
 
@@ -189,8 +190,8 @@ def read_proofs(armed: Armed, root: Path) -> tuple[dict[tuple[str, str], int], b
 
 def _function_of(test_id: str) -> tuple[str, str]:
     """`tests/test_x.py::TestA::test_b[1]` -> ("tests/test_x.py", "test_b")."""
-    parts = test_id.split("::")
-    return parts[0], parts[-1].split("[", 1)[0]
+    path, _, name = node_parts(test_id)
+    return path, name.split("[", 1)[0]
 
 
 def check(armed: Armed, root: Path, report: dict[tuple[str, str], str], test_ids: list[str],

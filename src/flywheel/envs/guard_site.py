@@ -93,10 +93,13 @@ def _install() -> None:
                 wrap_class(value, file, seen)
 
     def wrap(namespace: dict, file: str) -> None:
-        """Wrap every `test*` function and `test*` method of classes defined in the module `namespace`."""
+        """Wrap every `test*` function in the module `namespace` and every `test*` method of the classes it
+        defines. An imported function is wrapped too: the runner collects it under this file's name (funcy's
+        tests import a newer `test_decorator_access_args` over the one they define), and grading restores the
+        test directory it comes from (envs/reward.py). Imported classes are not: they are shared objects."""
         module_name, seen = namespace.get("__name__"), set[int]()
         for name, value in list(namespace.items()):
-            if name.startswith("test") and type(value) is type(wrap) and value.__module__ == module_name:
+            if name.startswith("test") and type(value) is type(wrap):
                 namespace[name] = wrapped(value, file)
             elif isinstance(value, type) and value.__module__ == module_name:
                 wrap_class(value, file, seen)

@@ -57,9 +57,13 @@ from flywheel.sandbox.services import TaskServices
 from flywheel.sandbox.workspace import base_permissions
 from flywheel.tasks.loaders import (
     file_of_test,
+    in_dirs,
     is_test_path,
+    node_parts,
+    original_bytes,
     original_file,
     original_paths,
+    support_dirs_of,
 )
 from flywheel.tasks.repoenv import ready_env
 from flywheel.types import Reward, Task
@@ -186,6 +190,15 @@ def hidden_test_files(task: Task) -> list[str]:
     return list(dict.fromkeys(file_of_test(t) for t in task.fail_to_pass + task.pass_to_pass))
 
 
+def support_files(task: Task, paths: set[str] | list[str]) -> set[str]:
+    """Those of `paths` that belong to the tests without being test files: under a test directory of the hidden
+    tests (loaders.support_dirs_of: a helper module the tests import, a data file they read). A file the
+    task's reference fix changes is the library's, never the tests'."""
+    dirs = support_dirs_of(hidden_test_files(task))
+    fix = set(task.solution or ())
+    return {p for p in paths if in_dirs(p, dirs) and p not in fix} if dirs else set()
+
+
 _PYTEST_SECTION_RX = re.compile(r"^\s*\[(?:pytest|tool:pytest|tool\.pytest[\w.]*)\]\s*$")
 
 
@@ -210,7 +223,8 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
     ch = changes or workspace_changes(task, workspace)
     flags: list[str] = []
     touched = set(ch.modified) | set(ch.deleted)
-    if any((is_test_path(p) or p in task.hidden_files) and Path(p).name != "conftest.py" for p in touched):
+    if any((is_test_path(p) or p in task.hidden_files) and Path(p).name != "conftest.py" for p in touched) \
+            or support_files(task, touched - {p for p in touched if Path(p).name == "conftest.py"}):
         flags.append("tests_edited")
     changed_text = {**ch.added, **{p: new for p, (_, new) in ch.modified.items()}}
     plugin = any(Path(p).name == "conftest.py" for p in set(changed_text) | set(ch.deleted))
@@ -241,10 +255,9 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
 
 def junit_key(test_id: str) -> tuple[str, str]:
     """pytest node id -> the (classname, name) pytest writes in JUnit XML."""
-    parts = test_id.split("::")
-    path = parts[0].removesuffix(".py")
-    module = path.replace("/", ".").replace("\\", ".")
-    return ".".join([module, *parts[1:-1]]), parts[-1]
+    path, classes, name = node_parts(test_id)
+    module = path.removesuffix(".py").replace("/", ".").replace("\\", ".")
+    return ".".join([module, *classes]), name
 
 
 def parse_junit(xml_text: str) -> dict[tuple[str, str], str]:
@@ -299,6 +312,7 @@ def _restore(task: Task, root: Path, orig: set[str]) -> None:
             text = original_file(task, rel)
             if text is not None:
                 _put(root, rel, text)
+    _restore_support(task, root, now, orig)
     for rel, text in task.hidden_files.items():
         _put(root, rel, text)
     if task.test_patch:
@@ -314,7 +328,31 @@ def _restore(task: Task, root: Path, orig: set[str]) -> None:
             raise ValueError(f"test_patch of task {task.id!r} does not apply: {r.stderr.strip()[:500]}")
 
 
-def _put(root: Path, rel: str, text: str) -> None:
+def _restore_support(task: Task, root: Path, now: dict[str, Path], orig: set[str]) -> None:
+    """The files under the hidden tests' directories (`support_files`) back to the task's versions: changed or
+    deleted ones rewritten, added ones removed. Unchanged files are left alone (their git blob id is compared),
+    so a large test directory costs one `git ls-tree`, not one `git show` per file."""
+    support = support_files(task, set(now) | orig)
+    if not support:
+        return
+    blobs = _repo_blobs(task)
+    for rel in sorted(support):
+        path = now.get(rel)
+        if rel not in orig:
+            if path is not None:
+                path.unlink(missing_ok=True)
+            continue
+        if path is not None and not path.is_symlink():
+            data = path.read_bytes()
+            if (rel in task.files and task.files[rel].encode("utf-8") == data) \
+                    or (rel in blobs and _git_blob_sha(data) == blobs[rel]):
+                continue
+        original = original_bytes(task, rel)
+        if original is not None:
+            _put(root, rel, original)
+
+
+def _put(root: Path, rel: str, text: str | bytes) -> None:
     """Write `root/rel` as host root without ever following a link the agent planted: every symlink (or
     non-directory) on the way is replaced by a real directory, and the file itself is replaced, not opened."""
     parts = Path(rel).parts
@@ -331,7 +369,10 @@ def _put(root: Path, rel: str, text: str) -> None:
             shutil.rmtree(dest)
         else:
             dest.unlink()
-    dest.write_text(text, encoding="utf-8")
+    if isinstance(text, bytes):
+        dest.write_bytes(text)
+    else:
+        dest.write_text(text, encoding="utf-8")
 
 
 def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] | None = None,

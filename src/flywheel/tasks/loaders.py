@@ -88,6 +88,41 @@ def file_of_test(test_id: str) -> str:
     return test_id.split("::", 1)[0]
 
 
+def node_parts(test_id: str) -> tuple[str, list[str], str]:
+    """A pytest node id -> (file, classes, name with its parameters): `t/test_u.py::TestA::test_b[x]` ->
+    ("t/test_u.py", ["TestA"], "test_b[x]"). The parameter id may itself hold `::` (an IPv6 URL in
+    `test_url[https://[::1]:80/]`), so it is split off at the first `[` before the rest is split on `::`."""
+    head, bracket, params = test_id.partition("[")
+    path, *rest = head.split("::")
+    if not rest:  # a bare file, or a file name that holds "["
+        return test_id, [], ""
+    return path, rest[:-1], rest[-1] + bracket + params
+
+
+TEST_DIR_NAMES = frozenset({"tests", "test", "testing"})
+
+
+def support_dirs_of(test_files: list[str]) -> set[str]:
+    """The directories whose every file belongs to the tests: for each test file, its path down to the outermost
+    directory named `tests`, `test` or `testing` (`pkg/tests/unit/test_x.py` -> `pkg/tests`). What lies there
+    besides test files (helpers the tests import, `__init__.py`, data files they read) decides a verdict as much
+    as a test does, so grading restores it and editing it is `tests_edited`. A test file at the top of the tree
+    or beside the library's modules has none: there the test files alone are the tests."""
+    out: set[str] = set()
+    for f in test_files:
+        parts = PurePosixPath(f).parts[:-1]
+        for i, part in enumerate(parts):
+            if part in TEST_DIR_NAMES:
+                out.add(str(PurePosixPath(*parts[: i + 1])))
+                break
+    return out
+
+
+def in_dirs(path: str, dirs: set[str]) -> bool:
+    """Whether `path` lies under one of `dirs` (relative POSIX paths)."""
+    return any(path.startswith(d + "/") for d in dirs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Parsing one record
 
@@ -455,10 +490,18 @@ def original_file(task: Task, path: str) -> str | None:
     """A workspace file as the task starts it (None when the task has no such file)."""
     if path in task.files:
         return task.files[path]
+    data = original_bytes(task, path)
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def original_bytes(task: Task, path: str) -> bytes | None:
+    """`original_file` as bytes (a test's data file need not be text)."""
+    if path in task.files:
+        return task.files[path].encode("utf-8")
     if task.repo is not None and task.commit is not None:
         r = _git(Path(task.repo), "show", f"{task.commit}:{path}", data=True)
         if r.returncode == 0:
-            return r.stdout.decode("utf-8", errors="replace")
+            return r.stdout
     return None
 
 
