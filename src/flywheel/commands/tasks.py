@@ -145,27 +145,47 @@ def _mine(args: argparse.Namespace) -> int:
         raise SystemExit("flywheel tasks mine: give --projects NAME==VERSION,... or --dir NAME=PATH")
     kw = {"max_tasks": args.max_per_project, "max_tries": args.max_tries, "seed": args.seed, "limits": limits}
     tasks, reports = [], []
-    for pin in pins:
-        got, rep = mine_project(pin, args.cache_dir, cfg.python_envs_dir, **kw)
+    sources = [(pin, None) for pin in pins] + [(name, path) for name, path in dirs]
+    interrupted = False
+    for name, path in sources:  # Ctrl-C keeps what was mined: the task file is written below all the same
+        try:
+            if path is None:
+                got, rep = mine_project(name, args.cache_dir, cfg.python_envs_dir, **kw)
+            else:
+                got, rep = mine_directory(name, path, args.cache_dir, cfg.python_envs_dir, **kw)
+        except KeyboardInterrupt:  # between candidates (a download, the environment build, the baseline run)
+            interrupted = True
+            break
         tasks += got
         reports.append(rep)
         print(_line(rep))
-    for name, path in dirs:
-        got, rep = mine_directory(name, path, args.cache_dir, cfg.python_envs_dir, **kw)
-        tasks += got
-        reports.append(rep)
-        print(_line(rep))
+        if rep.interrupted:
+            interrupted = True
+            break
+    if interrupted:
+        print(f"interrupted: writing the {len(tasks)} tasks mined so far"
+              + (" (verified first; interrupt again to keep only those verified by then)" if args.verify else ""))
     dropped = 0
     if args.verify:
         from flywheel.envs.verify import verify_tasks
 
-        results = {r.task_id: r for r in verify_tasks(tasks, cfg)}
-        dropped = sum(1 for t in tasks if not results[t.id].ok)
-        tasks = [t for t in tasks if results[t.id].ok]
+        kept = []
+        try:
+            for t in tasks:
+                if verify_tasks([t], cfg)[0].ok:
+                    kept.append(t)
+                else:
+                    dropped += 1
+        except KeyboardInterrupt:
+            interrupted = True
+            print(f"interrupted: {len(kept)} tasks verified, the rest not written")
+        tasks = kept
     save_tasks(tasks, args.out)
     if args.report:
         Path(args.report).write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1, default=str))
     print(f"wrote {len(tasks)} tasks to {args.out}" + (f" ({dropped} dropped by verification)" if args.verify else ""))
+    if interrupted:
+        return 130
     return 0 if tasks else 1
 
 
@@ -173,4 +193,4 @@ def _line(rep) -> str:
     """One project's outcome: kept / tried, the rejection reasons, and the error that stopped it, if any."""
     why = ", ".join(f"{k} {v}" for k, v in sorted(rep.rejected.items()))
     return (f"{rep.project}: kept {rep.kept} of {rep.tried} tried" + (f"; rejected: {why}" if why else "")
-            + (f" ({rep.error[:300]})" if rep.error else ""))
+            + (f" ({rep.error[:300]})" if rep.error else "") + (" (interrupted)" if rep.interrupted else ""))

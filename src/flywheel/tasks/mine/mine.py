@@ -59,6 +59,7 @@ class MineReport:
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> candidates (no_failing_test, timeout, ...)
     timeouts: list[str] = field(default_factory=list)  # `path:function (kind)` of each candidate that timed out
     time_limited: bool = False  # stopped trying candidates at `time_limit_s` (what was kept is kept)
+    interrupted: bool = False  # stopped by Ctrl-C (KeyboardInterrupt); what was kept before it is returned
     error: str = ""
     mine_s: float = 0.0
 
@@ -217,7 +218,12 @@ def mine_directory(name: str, src: Path, cache_dir: str | Path, envs_dir: str | 
             report.tried += 1
             counts = report.by_kind.setdefault(bug.kind, [0, 0])
             counts[0] += 1
-            reason = _try_candidate(project, bug, root, env_path, passing, timeout, cfg, max_f2p, name, tasks, spec)
+            try:
+                reason = _try_candidate(project, bug, root, env_path, passing, timeout, cfg, max_f2p, name, tasks,
+                                        spec)
+            except KeyboardInterrupt:  # the candidate's commands are already killed (bounded.py); keep the rest
+                report.interrupted = True
+                break
             if reason:
                 report.rejected[reason] = report.rejected.get(reason, 0) + 1
                 if reason == "timeout":
