@@ -82,7 +82,8 @@ def test_event_log_round_trip_on_postgres(postgres_url):
 
 def test_two_servers_share_one_postgres_log(postgres_url, tmp_path_factory):
     model = build_policy(tmp_path_factory.mktemp("pg-policy") / "model")
-    shared_store = ["--weights.store=" + str(tmp_path_factory.mktemp("pg-store")), "--online.learner.enabled=false"]
+    shared_store = ["--weights.store=" + str(tmp_path_factory.mktemp("pg-store")), "--online.learner.enabled=false",
+                    "--online.serve.rate_limit=shared"]
     elog = EventLog(postgres_url)
     key, rec = new_key("both-hosts", 600, 1 << 16)
     elog.add_key(rec)
@@ -100,6 +101,12 @@ def test_two_servers_share_one_postgres_log(postgres_url, tmp_path_factory):
         time.sleep(0.5)
         for srv in (one, two):
             assert srv.status(key)["weight_version"] == 0
+        # one token bucket per key for both hosts: 4 requests a minute in all, not 4 on each
+        slow, slow_rec = new_key("slow", 4, 1 << 16)
+        elog.add_key(slow_rec)
+        codes = [httpx.get(f"{srv.base_url}/models", headers={"Authorization": f"Bearer {slow}"}, timeout=30)
+                 .status_code for srv in (one, two) * 4]
+        assert sorted(codes) == [200] * 4 + [429] * 4, codes
     finally:
         one.kill()
         two.kill()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -29,7 +30,7 @@ def policy_dir(tmp_path_factory):
     """A tiny 2-layer policy and its tokenizer, saved once."""
     return build_policy(tmp_path_factory.mktemp("online-policy") / "model")
 
-SERVE_ONLY = ["--online.learner.enabled=false", "--online.serve.deploy_poll_s=0.1"]
+SERVE_ONLY = ["--online.learner.enabled=false", "--online.serve.deploy_poll_s=0.1", "--online.serve.key_recheck_s=0.5"]
 TOOLS = [{"type": "function", "function": {"name": "view", "description": "show a file",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
                                                           "required": ["path"]}}}]
@@ -122,6 +123,21 @@ def test_bad_requests_get_a_clear_4xx_and_change_nothing(server):
     first, third = (post("/feedback", {"completion_id": "x", "signal": "accept"}, k=small) for _ in range(2))
     assert first.status_code == 404 and third.status_code == 429 and int(third.headers["Retry-After"]) >= 1
     assert elog.counts() == before
+
+
+def test_a_revoked_key_is_refused_within_the_recheck_time(server):
+    elog = EventLog(server.run_dir / "online.db")
+    key, rec = new_key("leaver", 600, 1 << 16)
+    elog.add_key(rec)
+    client = _client(server, key)
+    client.chat.completions.create(model="flywheel", messages=[{"role": "user", "content": "a"}], max_tokens=2)
+    out = subprocess.run([sys.executable, "-m", "flywheel.cli", "keys", "revoke", rec.key_id, "--db",
+                          str(server.run_dir / "online.db")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and f"revoked {rec.key_id}" in out.stdout, out.stderr
+    time.sleep(0.6)  # key_recheck_s = 0.5: the server read the key less than that ago
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="flywheel", messages=[{"role": "user", "content": "a"}], max_tokens=2)
+    _client(server).models.list()  # other keys are unaffected
 
 
 def test_deploys_and_rollbacks_reach_the_server_through_the_store_without_dropping_requests(server, policy_dir):

@@ -2,18 +2,20 @@
 
     flywheel keys add alice --db runs/online/online.db [--rpm 60] [--max-body-kb 256]   # prints the key once
     flywheel keys list --db runs/online/online.db
+    flywheel keys revoke key-0123abcd --db runs/online/online.db   # refused by every server within key_recheck_s
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "create or list API keys of `flywheel serve` (stored hashed)"
+HELP = "create, list or revoke API keys of `flywheel serve` (stored hashed)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["add", "list"])
-    p.add_argument("name", nargs="?", default=None, help="add: the key's name (who uses it)")
+    p.add_argument("action", choices=["add", "list", "revoke"])
+    p.add_argument("name", nargs="?", default=None, help="add: the key's name (who uses it); revoke: its key id "
+                   "(the first column of `list`)")
     p.add_argument("--db", required=True, help="the event log: a SQLAlchemy URL or a SQLite file path")
     p.add_argument("--rpm", type=int, default=600, help="requests per minute (default 600)")
     p.add_argument("--max-body-kb", type=int, default=1024, help="largest request body in KiB (default 1024)")
@@ -29,6 +31,12 @@ def run(args: argparse.Namespace) -> int:
             for k in elog.keys():
                 flag = "\trevoked" if k.revoked else ""
                 print(f"{k.key_id}\t{k.name}\t{k.requests_per_min} rpm\t{k.max_body_bytes} B{flag}")
+            return 0
+        if args.action == "revoke":
+            if not args.name:
+                raise ValueError("`flywheel keys revoke` needs a KEY_ID (the first column of `flywheel keys list`)")
+            rec = elog.revoke_key(args.name)
+            print(f"revoked {rec.key_id} ({rec.name})")
             return 0
         if not args.name:
             raise ValueError("`flywheel keys add` needs a NAME")

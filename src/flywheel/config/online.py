@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from flywheel.config.base import Section
@@ -26,6 +28,13 @@ class ServeConfig(Section):
     default_max_tokens: int = Field(128, ge=1, le=1_048_576, description="max_tokens when a request gives none")
     deploy_poll_s: float = Field(0.5, gt=0, le=60, description="seconds between reads of the deployed version "
                                  "(a deploy or rollback reaches this server within it)")
+    key_recheck_s: float = Field(5.0, ge=0, le=3600, description="seconds a server trusts a key it has read before "
+                                 "reading it again (a `flywheel keys revoke` reaches every server within it); 0 = "
+                                 "read the key on every request")
+    rate_limit: Literal["local", "shared"] = Field("local", description="where the per-key token buckets live: "
+                                                   "'local' = in each server process (N hosts allow N times a key's "
+                                                   "rate), 'shared' = in the event log's database, one bucket per key "
+                                                   "for every host (one UPDATE per request)")
 
 
 class LearnerConfig(Section):

@@ -34,10 +34,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    case,
     create_engine,
     event,
     insert,
     select,
+    update,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
@@ -92,6 +94,14 @@ EVENTS = Table(
     Column("reason", Text, nullable=False),
     Column("data", JSON, nullable=False),
     Column("created_s", Float, nullable=False),
+)
+
+RATE_BUCKETS = Table(  # `online.serve.rate_limit = "shared"`: one token bucket per key for every host
+    "rate_buckets", METADATA,
+    Column("key_id", String(40), primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("last_s", Float, nullable=False),
+    Column("allowed", Boolean, nullable=False),  # the outcome of the last take (read back with RETURNING)
 )
 
 EVENT_KINDS = ("deploy", "rollback", "candidate", "gate_pass", "gate_reject", "learner_reset")
@@ -212,6 +222,42 @@ class EventLog:
         with self.engine.connect() as c:
             row = c.execute(select(API_KEYS).where(API_KEYS.c.key_hash == key_hash)).mappings().first()
         return KeyRecord(**row) if row else None
+
+    def revoke_key(self, key_id: str) -> KeyRecord:
+        """Mark a key revoked (servers refuse it within `online.serve.key_recheck_s`); ValueError if unknown."""
+        with self.engine.begin() as c:
+            if c.execute(update(API_KEYS).where(API_KEYS.c.key_id == key_id).values(revoked=True)).rowcount != 1:
+                raise ValueError(f"no API key '{key_id}' (`flywheel keys list` shows them)")
+            row = c.execute(select(API_KEYS).where(API_KEYS.c.key_id == key_id)).mappings().one()
+        return KeyRecord(**row)
+
+    def take_token(self, key_id: str, per_min: int, now: float | None = None) -> tuple[bool, float]:
+        """The shared token bucket of `key_id` (capacity `per_min`, refilled at `per_min / 60` per second):
+        (True, 0) and one token spent, or (False, seconds until one is back). One UPDATE ... RETURNING per call,
+        atomic on SQLite and PostgreSQL alike, so hosts racing on one key never spend the same token twice.
+        Clock skew between hosts never refills a bucket backwards (elapsed time is clamped at 0)."""
+        now = time.time() if now is None else now
+        cap, rate = float(per_min), per_min / 60.0
+        b = RATE_BUCKETS.c
+        grown = b.tokens + case((b.last_s < now, (now - b.last_s) * rate), else_=0.0)
+        refill = case((grown > cap, cap), else_=grown)
+        stmt = (update(RATE_BUCKETS).where(b.key_id == key_id)
+                .values(tokens=case((refill >= 1.0, refill - 1.0), else_=refill), last_s=now, allowed=refill >= 1.0)
+                .returning(b.tokens, b.allowed))
+        for _ in range(2):
+            with self.engine.begin() as c:
+                row = c.execute(stmt).first()
+                if row is None:
+                    try:
+                        with c.begin_nested():
+                            c.execute(insert(RATE_BUCKETS).values(key_id=key_id, tokens=cap - 1.0, last_s=now,
+                                                                  allowed=True))
+                        return True, 0.0
+                    except IntegrityError:  # another host made the bucket first: take from it
+                        continue
+            tokens, allowed = float(row[0]), bool(row[1])
+            return (True, 0.0) if allowed else (False, (1.0 - tokens) / rate)
+        raise RuntimeError(f"the rate bucket of key '{key_id}' could neither be read nor created")
 
     def keys(self) -> list[KeyRecord]:
         with self.engine.connect() as c:

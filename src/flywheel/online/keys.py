@@ -6,8 +6,9 @@
 
 Why sha256 and not a slow password hash: a key is 32 random bytes (256 bits of entropy), so no dictionary or brute
 force applies, and an unsalted digest lets the server find a key by an indexed equality lookup on every request.
-The database never holds a usable key. Rate limits are token buckets per key and per serving process (burst =
-the per-minute allowance); several hosts each enforce it on their own share of the traffic.
+The database never holds a usable key. Rate limits are token buckets per key (burst = the per-minute allowance),
+here in the serving process; `online.serve.rate_limit = "shared"` keeps them in the event log's database instead
+(`EventLog.take_token`), one bucket per key for every host.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class ServingState:
     limiter: RateLimiter = field(default_factory=RateLimiter)
     started_s: float = field(default_factory=time.time)
     latencies_ms: list[tuple[float, float, int]] = field(default_factory=list)  # (end time, ms, version)
-    _keys: dict[str, KeyRecord] = field(default_factory=dict)
+    _keys: dict[str, tuple[KeyRecord, float]] = field(default_factory=dict)  # key hash -> (record, read at)
     _chats: dict[str, ChatFormat] = field(default_factory=dict)
 
     def chat_for(self, tools: list[dict]) -> ChatFormat:
@@ -89,14 +89,22 @@ class ServingState:
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error")
         h = hash_key(auth[7:].strip())
-        rec = self._keys.get(h)
-        if rec is None:
-            rec = await asyncio.to_thread(self.elog.key_by_hash, h)
-            if rec is None or rec.revoked:
+        cached = self._keys.get(h)
+        now = time.monotonic()
+        if cached is None or now - cached[1] > self.cfg.key_recheck_s:  # a revocation reaches every host in time
+            found = await asyncio.to_thread(self.elog.key_by_hash, h)
+            if found is None or found.revoked:
+                self._keys.pop(h, None)
                 raise ApiError(401, "invalid API key (create one with `flywheel keys add NAME`)",
                                "authentication_error")
-            self._keys[h] = rec
-        ok, retry = self.limiter.allow(rec.key_id, rec.requests_per_min)
+            if len(self._keys) > 65_536:
+                self._keys.clear()
+            cached = self._keys[h] = (found, now)
+        rec = cached[0]
+        if self.cfg.rate_limit == "shared":
+            ok, retry = await asyncio.to_thread(self.elog.take_token, rec.key_id, rec.requests_per_min)
+        else:
+            ok, retry = self.limiter.allow(rec.key_id, rec.requests_per_min)
         if not ok:
             raise ApiError(429, f"rate limit of {rec.requests_per_min} requests per minute reached for key "
                            f"'{rec.name}'; retry in {retry:.1f} s", "rate_limit_error",
