@@ -1,6 +1,6 @@
 """Ordering and bookkeeping of the staleness buffer, with hand-made trajectories."""
 
-from flywheel.orchestrator.buffer import Buffer, group_staleness
+from flywheel.trainer.buffer import Buffer, group_staleness
 from flywheel.types import Reward, Segment, Trajectory
 
 

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from flywheel.config import load_config
-from flywheel.orchestrator.buffer import Buffer
 from flywheel.orchestrator.local import LocalRollouts
 from flywheel.orchestrator.node import NodeSpec
 from flywheel.orchestrator.pacing import Permits, ahead_limit, paced, to_grant
+from flywheel.trainer.buffer import Buffer
 from flywheel.types import Reward, Segment, Trajectory
 
 

@@ -83,6 +83,13 @@ class GateConfig(Section):
                                          "a question instead of calling a tool rises by more than this")
     max_flag_increase: float = Field(0.02, ge=0, le=1, description="reject when any integrity flag's rate rises by "
                                      "more than this")
+    coding_num_tasks: int = Field(16, ge=1, le=100_000, description="when the candidate trained on the pool's "
+                                  "rollouts (online.pool.train): held-out synthetic coding tasks it also runs through "
+                                  "the agent loop and sandboxed grading, paired per task with the serving version "
+                                  "(same seeds; eval.temperature); the same rules (alpha, max_mean_drop, "
+                                  "max_flag_increase) apply to their pass rates")
+    coding_num_samples: int = Field(2, ge=1, le=1024, description="sessions per held-out coding task (a task's score "
+                                    "is its share of solved sessions)")
 
 
 class DeployConfig(Section):
@@ -112,6 +119,24 @@ class PoolConfig(Section):
                            "(synth.difficulties and synth.test_runner apply), sampled uniformly")
     log_trajectories: bool = Field(True, description="append each graded group to <run_dir>/pool/trajectories.jsonl "
                                    "(the RL loop's admitted.jsonl format: {index, group})")
+    train: bool = Field(False, description="the online learner trains on the pool's graded groups (needs rollouts "
+                        "and online.learner.enabled); candidates that did are also gated on held-out coding tasks")
+    advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="group-relative advantage of a pool group "
+                                                 "(trainer/advantages.py)")
+    batch_size: int = Field(16, ge=1, le=65_536, description="trajectories per group step (whole groups, oldest "
+                            "first, until at least this many)")
+    max_staleness: int = Field(1, ge=0, le=1000, description="drop groups whose oldest sampled token is more than "
+                               "this many deployed versions behind the learner's base (counted as dropped_stale)")
+    drop_uniform_groups: bool = Field(True, description="drop groups whose sessions all got one reward (every "
+                                      "advantage 0: no signal), counted as dropped_uniform")
+    group_step_share: float = Field(0.5, ge=0, le=1, description="share of the learner's steps that go to pool "
+                                    "groups while both feedback and groups have a batch ready (0.5 alternates; "
+                                    "either source trains alone when the other has none)")
+    candidate_every_steps: int = Field(8, ge=1, le=1_000_000, description="propose a candidate after this many group "
+                                       "steps (or online.learner.candidate_every_events feedback events, whichever "
+                                       "comes first)")
+    max_waiting_groups: int = Field(256, ge=1, le=1_000_000, description="groups waiting for the learner at most; the "
+                                    "oldest beyond it are dropped (counted as dropped_overflow)")
 
 
 class OnlineConfig(Section):
@@ -123,3 +148,11 @@ class OnlineConfig(Section):
     gate: GateConfig = Field(default_factory=GateConfig)
     deploy: DeployConfig = Field(default_factory=DeployConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
+
+    @model_validator(mode="after")
+    def _check_pool_train(self) -> OnlineConfig:
+        if self.pool.train and not (self.pool.rollouts and self.learner.enabled):
+            raise ValueError("online.pool.train = true trains the online learner on the pool's rollouts: it needs "
+                             "online.pool.rollouts = true and online.learner.enabled = true (or set "
+                             "online.pool.train = false)")
+        return self

@@ -15,7 +15,13 @@ the serving one (inference/local.py, weights swapped between the two passes). Th
 * a hack monitor rises past its tolerance: replies with a broken tool call, replies that ask a question where a
   tool call was possible (online/server.py `reply_traits`), or any integrity flag the suite reports.
 
-`sign_test_p_worse` and `judge` are pure functions (tests/unit/test_online_gate.py checks them against hand
+With a coding suite (online/coding_suite.py) and `evaluate(..., coding=True)` — the learner asks for it when the
+candidate trained on the pool's rollouts — both versions also run held-out coding tasks through the agent loop and
+sandboxed grading, paired per task; `judge` decides on those records too, and a regression there rejects the
+candidate. Its figures are `figures["coding"]` in the `gate_pass` / `gate_reject` event (the serving and candidate
+pass@1 are `coding.serving.score` and `coding.candidate.score`).
+
+`sign_test_p_worse`, `judge` and `paired_records` are pure functions (tests/unit/test_online_gate.py checks them against hand
 computations).
 """
 
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,6 +111,28 @@ def judge(serving: list[EvalRecord], candidate: list[EvalRecord], cfg: GateConfi
                          f"score {rs['score']:.3f} -> {rc['score']:.3f}; hack monitors within tolerance", figures)
 
 
+def paired_records(serving: Sequence[dict], candidate: Sequence[dict]) -> tuple[list[EvalRecord], list[EvalRecord]]:
+    """EvalRecords of the tasks both versions scored (n > 0), in the serving rows' order: score = correct / n,
+    flags = the task's integrity flags."""
+    cand = {r["task_id"]: r for r in candidate if r["n"]}
+    s_out, c_out = [], []
+    for r in serving:
+        c = cand.get(r["task_id"])
+        if not r["n"] or c is None:
+            continue
+        s_out.append(EvalRecord(r["correct"] / r["n"], flags=list(r.get("flags", []))))
+        c_out.append(EvalRecord(c["correct"] / c["n"], flags=list(c.get("flags", []))))
+    return s_out, c_out
+
+
+class CodingEvalSuite(Protocol):
+    """Held-out coding tasks run on an engine (online/coding_suite.py): `rollout.evaluate`'s per-task rows."""
+
+    num_samples: int
+
+    async def run(self, engine: Any) -> list[dict]: ...
+
+
 class Gate:
     """Runs the suite on serving and candidate weights in `engine` (a LocalEngine of the policy's architecture).
 
@@ -114,9 +142,12 @@ class Gate:
     regress significantly against the best of them either, so a run of small regressions, none significant on
     its own, cannot add up."""
 
-    def __init__(self, cfg: GateConfig, suite: EvalSuite, engine: Any, keep: int = 64):
+    def __init__(self, cfg: GateConfig, suite: EvalSuite, engine: Any, keep: int = 64,
+                 coding: CodingEvalSuite | None = None):
         self.cfg, self.suite, self.engine, self.keep = cfg, suite, engine, keep
+        self.coding = coding  # or None: the gate then refuses coding=True
         self.records: dict[int, list[EvalRecord]] = {}
+        self.coding_rows: dict[int, list[dict]] = {}
 
     async def _run(self, version: int, tensors: Mapping[str, Any]) -> list[EvalRecord]:
         if version in self.records:
@@ -135,8 +166,36 @@ class Gate:
             self.records.pop(min(self.records))
         return recs
 
+    async def _run_coding(self, version: int, tensors: Mapping[str, Any]) -> list[dict]:
+        assert self.coding is not None
+        if version not in self.coding_rows:
+            self.engine.update_weights(version, tensors)
+            self.coding_rows[version] = await self.coding.run(self.engine)
+            while len(self.coding_rows) > self.keep:
+                self.coding_rows.pop(min(self.coding_rows))
+        return self.coding_rows[version]
+
+    async def judge_coding(self, serving_version: int, serving: Mapping[str, Any], candidate_version: int,
+                           candidate: Mapping[str, Any]) -> Verdict:
+        """The coding suite's verdict alone: paired per task, `judge`'s rules; figures with pass@1 and counts."""
+        if self.coding is None:
+            raise ValueError("this gate has no coding suite; build it with one (online.pool.train = true does)")
+        rs = await self._run_coding(serving_version, serving)
+        rc = await self._run_coding(candidate_version, candidate)
+        s, c = paired_records(rs, rc)
+        counts = {"num_tasks": len(rs), "num_paired": len(s), "num_samples": self.coding.num_samples,
+                  "env_failures": {"serving": sum(r["env_failures"] for r in rs),
+                                   "candidate": sum(r["env_failures"] for r in rc)}}
+        if not s:
+            return Verdict(False, "no held-out coding task was scored by both versions (every session failed outside "
+                           "the policy)", counts)
+        verdict = judge(s, c, self.cfg)
+        verdict.figures.update(counts)
+        return verdict
+
     async def evaluate_async(self, serving_version: int, serving: Mapping[str, Any], candidate_version: int,
-                             candidate: Mapping[str, Any], references: tuple[int, ...] = ()) -> Verdict:
+                             candidate: Mapping[str, Any], references: tuple[int, ...] = (), *,
+                             coding: bool = False) -> Verdict:
         rs = await self._run(serving_version, serving)
         rc = await self._run(candidate_version, candidate)
         verdict = judge(rs, rc, self.cfg)
@@ -149,6 +208,14 @@ class Gate:
                 if not against_best.passed:
                     verdict = Verdict(False, f"against version {best} (the best of the last deployed): "
                                       + against_best.reason, verdict.figures)
+        if coding:
+            cv = await self.judge_coding(serving_version, serving, candidate_version, candidate)
+            verdict.figures["coding"] = cv.figures
+            if not cv.passed:
+                why = "held-out coding tasks: " + cv.reason
+                verdict = Verdict(False, why if verdict.passed else verdict.reason + "; " + why, verdict.figures)
+            elif verdict.passed:
+                verdict.reason += "; held-out coding tasks: " + cv.reason
         verdict.figures.update({"serving_version": serving_version, "candidate_version": candidate_version})
         if not self.cfg.enabled:
             return Verdict(True, "gate disabled (online.gate.enabled = false); it would have said: " + verdict.reason,
@@ -156,6 +223,7 @@ class Gate:
         return verdict
 
     def evaluate(self, serving_version: int, serving: Mapping[str, Any], candidate_version: int,
-                 candidate: Mapping[str, Any], references: tuple[int, ...] = ()) -> Verdict:
+                 candidate: Mapping[str, Any], references: tuple[int, ...] = (), *, coding: bool = False) -> Verdict:
         """Blocking; call from a thread that runs no event loop (the learner's)."""
-        return asyncio.run(self.evaluate_async(serving_version, serving, candidate_version, candidate, references))
+        return asyncio.run(self.evaluate_async(serving_version, serving, candidate_version, candidate, references,
+                                               coding=coding))

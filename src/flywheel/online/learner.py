@@ -20,6 +20,15 @@ keys it learned from), and asks the gate. Pass: a `deploy` event (every server i
 `gate_reject` event with the gate's reason, and the learner returns to the deployed weights (`learner_reset`), so a
 poisoned burst does not stay in the policy. The live monitor (online/deploy.py) watches feedback per version and
 appends a `rollback` when a deployed version's reward drops past the threshold; the learner then resets too.
+
+With the pool's groups (`groups`, a GroupInbox the background rollouts fill; online.pool.train = true) the same
+trainer and optimizer also take group steps: each graded group passes the trainer's buffer (`trainer/buffer.py`:
+groups whose oldest sampled token is more than `online.pool.max_staleness` deployed versions behind the learner's
+base are dropped and counted, uniform groups too), its advantages are group-relative (online/groups.py), the loss
+and the TIS correction of the version lag are the trainer's. `groups.next_source` schedules feedback and group
+steps; a group step scores log-probs at the rollouts' sampling temperature. A candidate comes after
+`candidate_every_events` feedback events or `online.pool.candidate_every_steps` group steps, and one that took
+group steps is also gated on held-out coding tasks (`gate.evaluate(..., coding=True)`).
 """
 
 from __future__ import annotations
@@ -29,12 +38,15 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from statistics import fmean
 from typing import Any
 
 from flywheel.config import OnlineConfig, TrainerConfig
 from flywheel.online.deploy import LiveMonitor, deploy_stack, deployed_version, rollback, rollback_target
 from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord
 from flywheel.online.gate import Gate
+from flywheel.online.groups import GroupInbox, group_samples, next_source
+from flywheel.trainer.buffer import Buffer
 from flywheel.trainer.train import Trainer
 from flywheel.types import Reward, Segment, Trajectory
 from flywheel.weights.store import WeightStore
@@ -84,7 +96,9 @@ class LearnerStats:
     num_events: int = 0
     num_trained: int = 0
     num_skipped_lag: int = 0
-    num_steps: int = 0
+    num_steps: int = 0  # all steps, feedback and group
+    num_group_steps: int = 0
+    num_group_trajectories: int = 0  # trained on in group steps
     candidates: list[int] = field(default_factory=list)
     deploys: list[int] = field(default_factory=list)
     rejects: list[int] = field(default_factory=list)
@@ -96,8 +110,9 @@ class OnlineLearner:
     """Owns a training copy of the policy; see the module docstring."""
 
     def __init__(self, model: Any, cfg: OnlineConfig, elog: EventLog, store_url: str, gate: Gate,
-                 trainer_cfg: TrainerConfig, *, anchor_every: int = 10):
-        self.cfg, self.lcfg, self.elog, self.gate = cfg, cfg.learner, elog, gate
+                 trainer_cfg: TrainerConfig, *, anchor_every: int = 10, groups: GroupInbox | None = None,
+                 rollout_temperature: float = 1.0):
+        self.cfg, self.lcfg, self.pcfg, self.elog, self.gate = cfg, cfg.learner, cfg.pool, elog, gate
         tcfg = trainer_cfg.model_copy(update={"advantage": "given", "lr": cfg.learner.lr, "kl_coef": 0.0,
                                               "checkpoint_every": 0, "warmup_steps": 0})
         self.trainer = Trainer(model, tcfg)
@@ -111,7 +126,13 @@ class OnlineLearner:
         self.stats = LearnerStats()
         self.cursor = 0
         self.pending: list[Trajectory] = []
-        self.window: list[Trajectory] = []  # trained since the last candidate (or reset)
+        self.window: list[Trajectory] = []  # feedback samples trained since the last candidate (or reset)
+        self.groups = groups
+        self.buffer = Buffer(cfg.pool.max_staleness, cfg.pool.drop_uniform_groups) if groups is not None else None
+        self.rollout_temperature = rollout_temperature or 1.0  # greedy rollouts: log-probs of the plain softmax
+        self.window_groups: list[Trajectory] = []  # pool samples trained since the last candidate (or reset)
+        self.window_group_steps = 0
+        self.contested: Counter[str] = Counter()  # steps per source taken while both had a batch ready
         self.window_started_s = time.time()
         self.base_version = 0
         events = elog.events()
@@ -136,7 +157,7 @@ class OnlineLearner:
         self.model.load_state_dict(with_grad, strict=False)
         self.trainer.optimizer.state.clear()
         self.base_version = v
-        self.window = []
+        self.window, self.window_groups, self.window_group_steps = [], [], 0
         self.window_started_s = time.time()
         if why != "start":
             self.elog.append_event("learner_reset", v, why)
@@ -179,17 +200,67 @@ class OnlineLearner:
         if self._check_live():
             out["rolled_back"] = True
             return out
+        if self.groups is not None:
+            assert self.buffer is not None
+            for group in self.groups.drain():
+                self.buffer.admit(group, self.base_version)
         bs = self.lcfg.batch_size
-        while len(self.pending) >= bs:
-            batch, self.pending = self.pending[:bs], self.pending[bs:]
-            self.stats.last_metrics = self.trainer.step(batch)
-            self.stats.num_steps += 1
-            self.stats.num_trained += len(batch)
-            self.window += batch
-        due = (len(self.window) >= self.lcfg.candidate_every_events or
-               (self.window and time.time() - self.window_started_s >= self.lcfg.candidate_every_s))
-        if due:
+        while not self._candidate_due():  # a candidate is judged on what it learned since the last: no more
+            feedback_ready = len(self.pending) >= bs
+            groups_ready = self.buffer is not None and len(self.buffer) >= self.pcfg.batch_size
+            source = next_source(feedback_ready, groups_ready, self.contested, self.pcfg.group_step_share)
+            if source is None:
+                break
+            if source == "groups" and not self._group_step():
+                continue  # the waiting groups had aged past max_staleness: dropped, counted; decide again
+            if feedback_ready and groups_ready:
+                self.contested[source] += 1
+            if source == "feedback":
+                batch, self.pending = self.pending[:bs], self.pending[bs:]
+                self.trainer.temperature = 1.0
+                self.stats.last_metrics = self.trainer.step(batch)
+                self.stats.num_steps += 1
+                self.stats.num_trained += len(batch)
+                self.window += batch
+        if self._candidate_due():
             out["candidate"] = self.propose()
+        return out
+
+    def _candidate_due(self) -> bool:
+        trained = bool(self.window or self.window_group_steps)
+        return (len(self.window) >= self.lcfg.candidate_every_events or
+                self.window_group_steps >= self.pcfg.candidate_every_steps or
+                (trained and time.time() - self.window_started_s >= self.lcfg.candidate_every_s))
+
+    def _group_step(self) -> bool:
+        """One step on whole pool groups, oldest first; False when none was fresh enough to take."""
+        assert self.buffer is not None
+        batch = self.buffer.take(self.pcfg.batch_size, self.base_version)
+        if batch is None:
+            return False
+        samples = group_samples(batch, self.pcfg.advantage)
+        self.trainer.temperature = self.rollout_temperature  # the sampler's distribution: rollout.temperature
+        self.stats.last_metrics = self.trainer.step(samples)
+        self.stats.num_steps += 1
+        self.stats.num_group_steps += 1
+        self.stats.num_group_trajectories += len(samples)
+        self.window_groups += samples
+        self.window_group_steps += 1
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """Counters for `GET /v1/flywheel/status` → `learner`."""
+        st = self.stats
+        out: dict[str, Any] = {"base_version": self.base_version, "num_events": st.num_events,
+                               "num_trained": st.num_trained, "num_skipped_lag": st.num_skipped_lag,
+                               "num_steps": st.num_steps, "num_group_steps": st.num_group_steps,
+                               "num_group_trajectories": st.num_group_trajectories,
+                               "candidates": list(st.candidates), "deploys": list(st.deploys),
+                               "rejects": list(st.rejects), "rollbacks": list(st.rollbacks)}
+        if self.buffer is not None and self.groups is not None:
+            out["groups"] = {"received": self.groups.num_put, "dropped_overflow": self.groups.num_overflow,
+                             "waiting": self.buffer.num_groups, **dict(self.buffer.counters),
+                             "staleness_trained": {str(k): v for k, v in sorted(self.buffer.staleness_hist.items())}}
         return out
 
     def propose(self) -> dict[str, Any]:
@@ -199,28 +270,39 @@ class OnlineLearner:
         tensors = self.trainer.state_dict_for_publish()
         t0 = time.time()
         self.publisher.publish(version, tensors).result()
-        seqs = [t.meta["feedback_seq"] for t in self.window]
-        data = {"feedback_seq_first": min(seqs), "feedback_seq_last": max(seqs), "num_events": len(self.window),
-                "keys": sorted({t.meta["key_id"] for t in self.window}), "base_version": self.base_version,
-                "events_per_key": dict(Counter(t.meta["key_id"] for t in self.window)),
-                "baseline": self.baseline.value, "publish_s": time.time() - t0,
-                "last_feedback_s": max(self.elog_feedback_time(seqs))}
-        self.elog.append_event("candidate", version, f"{len(self.window)} feedback events since version "
-                               f"{self.base_version}", data)
+        data: dict[str, Any] = {"num_events": len(self.window), "base_version": self.base_version,
+                                "publish_s": time.time() - t0}
+        if self.window:
+            seqs = [t.meta["feedback_seq"] for t in self.window]
+            data.update({"feedback_seq_first": min(seqs), "feedback_seq_last": max(seqs),
+                         "keys": sorted({t.meta["key_id"] for t in self.window}),
+                         "events_per_key": dict(Counter(t.meta["key_id"] for t in self.window)),
+                         "baseline": self.baseline.value, "last_feedback_s": max(self.elog_feedback_time(seqs))})
+        what = f"{len(self.window)} feedback events"
+        if self.window_group_steps:
+            rewards = [float(t.graded.components["reward"]) for t in self.window_groups]
+            data["pool"] = {"num_steps": self.window_group_steps, "num_trajectories": len(self.window_groups),
+                            "num_groups": len({t.group_id for t in self.window_groups}),
+                            "mean_reward": fmean(rewards),
+                            "staleness_max": max(self.base_version - t.min_version for t in self.window_groups)}
+            what += f" and {data['pool']['num_groups']} pool groups ({self.window_group_steps} group steps)"
+        self.elog.append_event("candidate", version, f"{what} since version {self.base_version}", data)
         self.stats.candidates.append(version)
         serving = self.base_version
         if self.weights.version != serving:
             self.weights.poll(serving)
         stack = deploy_stack(self.elog.events(("deploy", "rollback")))
         refs = tuple(stack[-self.cfg.gate.compare_last - 1:-1]) if self.cfg.gate.compare_last else ()
-        verdict = self.gate.evaluate(serving, self.weights.tensors, version, tensors, refs)
+        verdict = self.gate.evaluate(serving, self.weights.tensors, version, tensors, refs,
+                                     coding=self.window_group_steps > 0)
         figures = verdict.figures
         if verdict.passed:
             self.elog.append_event("gate_pass", version, verdict.reason, figures)
             self.elog.append_event("deploy", version, "gate passed: " + verdict.reason, {"from_version": serving})
             self.stats.deploys.append(version)
             self.base_version = version
-            self.window, self.window_started_s = [], time.time()
+            self.window, self.window_groups, self.window_group_steps = [], [], 0
+            self.window_started_s = time.time()
         else:
             self.elog.append_event("gate_reject", version, verdict.reason, figures)
             self.stats.rejects.append(version)

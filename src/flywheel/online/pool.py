@@ -10,8 +10,8 @@ loop (`rollout/agent.py`) and the sandboxed grading of `envs/` — and only the 
 first and keeps `max_background_rows` of the batch for them (inference/scheduler.py). Nothing in the rollout code
 knows it shares an engine. Each graded group is appended to `<run_dir>/pool/trajectories.jsonl` in the RL loop's
 `admitted.jsonl` format ({"index", "group"}; `orchestrator.loop.AdmittedLog` reads it), token-exact with the
-weight version of every token, ready for a trainer; no trainer consumes it inside `flywheel serve` yet
-(docs/online.md says what is missing).
+weight version of every token, and handed to `on_group` — with online.pool.train, the online learner's inbox
+(online/groups.py), so the learner trains on it (online/learner.py).
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ class BackgroundRollouts:
     """Keeps `cfg.groups_in_flight` rollout groups running on the shared engine until stopped; counts them."""
 
     def __init__(self, engine: LocalEngine, chat, env_factory: Callable[[], object], tasks: Sequence[Task],
-                 rollout_cfg: RolloutConfig, cfg: PoolConfig, log_path: Path | None = None, seed: int = 0):
+                 rollout_cfg: RolloutConfig, cfg: PoolConfig, log_path: Path | None = None, seed: int = 0,
+                 on_group: Callable[[list[Trajectory]], None] | None = None):
         if not tasks:
             raise ValueError("background rollouts need at least one task (online.pool.num_tasks >= 1)")
         self.engine = engine
@@ -88,6 +89,7 @@ class BackgroundRollouts:
         self.cfg = cfg
         self.rng = random.Random(seed)
         self.log = GroupLog(log_path) if log_path is not None else None
+        self.on_group = on_group  # called with each graded group (must not block: it runs on the serving loop)
         self.t_start = time.monotonic()
         self.num_groups = 0
         self.num_trajectories = 0
@@ -113,6 +115,8 @@ class BackgroundRollouts:
             self.finished_s.append(now)
         if self.log is not None:
             self.log.append(group)
+        if self.on_group is not None:
+            self.on_group(group)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop` is set: start groups up to `groups_in_flight`, record each as it ends. A failing group is

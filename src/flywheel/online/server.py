@@ -70,6 +70,7 @@ class ServingState:
     cfg: ServeConfig
     follower: DeploymentFollower | None = None
     pool: Any = None  # online.pool.BackgroundRollouts when simulated rollouts share the engine (its stats())
+    learner: Any = None  # online.learner.OnlineLearner when it runs in this process (its status())
     limiter: RateLimiter = field(default_factory=RateLimiter)
     started_s: float = field(default_factory=time.time)
     latencies_ms: list[tuple[float, float, int]] = field(default_factory=list)  # (end time, ms, version)
@@ -160,7 +161,8 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response({"weight_version": st.engine.version, "installs": installs,
                               "follower_error": st.follower.last_error if st.follower else "",
                               "latencies_ms": st.latencies_ms[-10_000:],
-                              "pool": st.pool.stats() if st.pool is not None else None})
+                              "pool": st.pool.stats() if st.pool is not None else None,
+                              "learner": st.learner.status() if st.learner is not None else None})
 
 
 async def health(request: web.Request) -> web.Response:

@@ -11,7 +11,9 @@ it is written, so every later version (candidates, rollbacks) travels through th
 The learner runs in a thread of this process on its own copy of the policy, and the gate on a third copy in its
 own engine, so serving never waits for training except for CPU time (online.learner.enabled = false serves only).
 With online.pool.rollouts = true, simulated RL rollouts run on the serving engine itself at background priority
-(online/pool.py): users first, the rollouts on what is left.
+(online/pool.py): users first, the rollouts on what is left. With online.pool.train = true their graded groups go
+to the learner's inbox and it trains on them too (online/groups.py); its gate then also runs held-out coding tasks
+(online/coding_suite.py) in the gate's engine, with the sandboxes' cache under <run_dir>/gate.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import copy
 import json
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +35,11 @@ from flywheel.config import FlywheelConfig
 from flywheel.envs.remote_client import env_factory
 from flywheel.envs.tools import tools_for
 from flywheel.inference.local import LocalEngine, build_engine
+from flywheel.online.coding_suite import CodingSuite
 from flywheel.online.deploy import DeploymentFollower
 from flywheel.online.events import EventLog
 from flywheel.online.gate import Gate
+from flywheel.online.groups import GroupInbox
 from flywheel.online.keys import new_key
 from flywheel.online.learner import OnlineLearner
 from flywheel.online.pool import BackgroundRollouts
@@ -43,8 +48,8 @@ from flywheel.online.simulator import PreferenceSuite, SuggestionTask
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import build_model, load_model
 from flywheel.policy.tokenizer import get_tokenizer, load_tokenizer
-from flywheel.tasks.synth import generate_tasks
-from flywheel.types import Task
+from flywheel.tasks.synth import Split, generate_tasks
+from flywheel.types import Task, Trajectory
 from flywheel.weights.store import WeightStore
 from flywheel.weights.sync import Publisher, Subscriber
 
@@ -90,25 +95,36 @@ def ensure_key(elog: EventLog, cfg: FlywheelConfig, key_file: str | None) -> str
     return key
 
 
-def pool_tasks(cfg: FlywheelConfig) -> list[Task]:
-    """`online.pool.num_tasks` synthetic training tasks, an equal share per `synth.difficulties` level."""
-    n, diffs = cfg.online.pool.num_tasks, cfg.synth.difficulties
+def pool_tasks(cfg: FlywheelConfig, split: Split = "train") -> list[Task]:
+    """Synthetic tasks, an equal share per `synth.difficulties` level: `online.pool.num_tasks` training tasks, or
+    `online.gate.coding_num_tasks` held-out ones (split "heldout": functions the training split never holds; the
+    seeds of the RL loop's held-out set, pipeline/prepare.py)."""
+    train = split == "train"
+    n, diffs = (cfg.online.pool.num_tasks if train else cfg.online.gate.coding_num_tasks), cfg.synth.difficulties
+    seed = cfg.seed if train else cfg.seed + 1
     tasks: list[Task] = []
     for i, d in enumerate(diffs):
         share = n // len(diffs) + (1 if i < n % len(diffs) else 0)
         if share:
-            tasks += generate_tasks(share, seed=cfg.seed + 101 * i, split="train", difficulty=d,
-                                    runner=cfg.synth.test_runner)
+            tasks += generate_tasks(share, seed=seed + 101 * i, split=split, difficulty=d, runner=cfg.synth.test_runner)
     return tasks
 
 
-def build_pool(cfg: FlywheelConfig, engine: LocalEngine, tok: Any) -> BackgroundRollouts:
+def build_pool(cfg: FlywheelConfig, engine: LocalEngine, tok: Any,
+               on_group: Callable[[list[Trajectory]], None] | None = None) -> BackgroundRollouts:
     """Background rollouts on the serving engine: the RL loop's tasks, harness, agent loop and grading."""
     pool_dir = Path(cfg.run_dir) / "pool"
     chat = ChatFormat(tok, tools_for(cfg.env))
     log_path = pool_dir / "trajectories.jsonl" if cfg.online.pool.log_trajectories else None
     return BackgroundRollouts(engine, chat, env_factory(cfg.env, pool_dir / "cache", cfg.env.sandbox),
-                              pool_tasks(cfg), cfg.rollout, cfg.online.pool, log_path, seed=cfg.seed)
+                              pool_tasks(cfg), cfg.rollout, cfg.online.pool, log_path, seed=cfg.seed, on_group=on_group)
+
+
+def build_coding_suite(cfg: FlywheelConfig, tok: Any) -> CodingSuite:
+    """The gate's held-out coding tasks, graded like the RL loop's eval (eval.temperature)."""
+    return CodingSuite(pool_tasks(cfg, "heldout"), ChatFormat(tok, tools_for(cfg.env)),
+                       env_factory(cfg.env, Path(cfg.run_dir) / "gate" / "cache", cfg.env.sandbox), cfg.rollout,
+                       num_samples=cfg.online.gate.coding_num_samples, seed=cfg.seed, temperature=cfg.eval.temperature)
 
 
 @dataclass
@@ -149,14 +165,17 @@ class Service:
         follower.step()  # serve the deployed version from the first request on (a restart may be at v > 0)
         state = ServingState(engine, tok, elog, cfg.online.serve, follower)
         learner = None
+        inbox = GroupInbox(pool_cfg.max_waiting_groups) if pool_cfg.train else None
         if learner_model is not None:
             chat = ChatFormat(tok)
             gate_engine = build_engine(cfg.inference, gate_model, tok, cfg.numerics.batch_invariant)
-            gate = Gate(cfg.online.gate, PreferenceSuite(SuggestionTask(), chat, tok), gate_engine)
+            gate = Gate(cfg.online.gate, PreferenceSuite(SuggestionTask(), chat, tok), gate_engine,
+                        coding=build_coding_suite(cfg, tok) if pool_cfg.train else None)
             learner = OnlineLearner(learner_model, cfg.online, elog, store_url, gate, cfg.trainer,
-                                    anchor_every=cfg.weights.anchor_every)
-        pool = build_pool(cfg, engine, tok) if pool_cfg.rollouts else None
-        state.pool = pool
+                                    anchor_every=cfg.weights.anchor_every, groups=inbox,
+                                    rollout_temperature=cfg.rollout.temperature)
+        pool = build_pool(cfg, engine, tok, inbox.put if inbox is not None else None) if pool_cfg.rollouts else None
+        state.pool, state.learner = pool, learner
         return cls(cfg, elog, engine, state, learner, pool)
 
     async def start(self, port_file: str | None = None) -> int:

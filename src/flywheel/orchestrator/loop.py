@@ -31,7 +31,6 @@ import torch
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.dashboard.transcript import TokenDecoder
 from flywheel.metrics.log import MetricsLog
-from flywheel.orchestrator.buffer import Buffer
 from flywheel.orchestrator.local import LocalRollouts
 from flywheel.orchestrator.monitor import FlagMonitor, step_flag_rates
 from flywheel.orchestrator.node import NodeSpec
@@ -40,6 +39,7 @@ from flywheel.orchestrator.ray import RayRollouts
 from flywheel.orchestrator.source import RolloutSource
 from flywheel.orchestrator.trainers import build_trainer
 from flywheel.rollout.evaluate import solved
+from flywheel.trainer.buffer import Buffer
 from flywheel.types import Task, Trajectory
 
 

@@ -9,7 +9,9 @@ policy that produced its oldest token is. Groups staler than `max_staleness` are
 both at admission and again when taken (a group may age while it waits). Groups whose sessions all got
 the same reward carry no GRPO signal (every advantage is 0) and are dropped when `drop_uniform_groups`
 (dynamic sampling, as in DAPO). Sessions that failed outside the policy are removed from their group.
-Pure bookkeeping: no I/O, no threads; the orchestrator owns persistence.
+Pure bookkeeping: no I/O, no threads; the caller owns persistence. Two callers: the RL loop
+(orchestrator/loop.py, versions = trainer steps) and the online learner on the pool's groups (online/learner.py,
+versions = deployed versions).
 """
 
 from __future__ import annotations
