@@ -149,21 +149,26 @@ def test_deploys_and_rollback_reach_vllm_through_the_store_under_load(server, po
     client = openai.AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0)
     served_version = lambda: server.status(key)["weight_version"]  # noqa: E731
 
-    async def load(stop: asyncio.Event) -> list[tuple[str, int]]:
-        seen = []
+    seen: list[tuple[str, int]] = []  # (completion id, version) of the load's replies, in the order they came
+
+    async def load(stop: asyncio.Event) -> None:
         while not stop.is_set():
             r = await client.chat.completions.create(model="flywheel", messages=[{"role": "user", "content": "x"}],
                                                      max_tokens=6)
             seen.append((r.id, r.model_extra["weight_version"]))
-        return seen
 
-    async def drive() -> tuple[list[tuple[str, int]], dict[int, str]]:
+    def load_saw(v: int) -> bool:
+        return any(u == v for _, u in seen)
+
+    async def drive() -> dict[int, str]:
         stop = asyncio.Event()
         workers = [asyncio.ensure_future(load(stop)) for _ in range(3)]
         after: dict[int, str] = {}
+        await _until(lambda: load_saw(0))
         for v in (1, 2):
             elog.append_event("deploy", v, f"test deploy {v}")
             await _until(lambda v=v: served_version() == v)
+            await _until(lambda v=v: load_saw(v))  # the load keeps going across each install
             r = await client.chat.completions.create(model="flywheel", messages=MSGS, max_tokens=12, temperature=1.0)
             assert r.model_extra["weight_version"] == v
             after[v] = r.id
@@ -175,11 +180,12 @@ def test_deploys_and_rollback_reach_vllm_through_the_store_under_load(server, po
         r = await client.chat.completions.create(model="flywheel", messages=MSGS, max_tokens=12, temperature=1.0)
         assert r.model_extra["weight_version"] == 1
         after[-1] = r.id  # served after the rollback
-        await asyncio.sleep(0.5)
+        await _until(lambda: load_saw(1) and seen[-1][1] == 1)
         stop.set()
-        return [s for w in await asyncio.gather(*workers) for s in w], after  # a failed request raises here
+        await asyncio.gather(*workers)  # a failed request raises here
+        return after
 
-    seen, after = asyncio.run(drive())
+    after = asyncio.run(drive())
     versions = [v for _, v in seen]
     assert {0, 1, 2} <= set(versions) and versions[-1] == 1
     for cid, v in seen:  # each reply's tokens came from the version it names (a swap lands between requests or in one)

@@ -29,6 +29,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import shutil
 import threading
 import time
@@ -45,6 +46,8 @@ from flywheel.inference.vllm_server import VLLMServer, http_json
 from flywheel.types import Generation, SamplingParams
 from flywheel.weights.store import StoreError
 from flywheel.weights.sync import Subscriber, open_source
+
+log = logging.getLogger(__name__)
 
 _FINISH: dict[str, Literal["stop", "length", "aborted"]] = {"stop": "stop", "length": "length", "abort": "aborted"}
 
@@ -275,6 +278,13 @@ class VLLMEngine:
         try:
             applied = self.rpc("flywheel_apply", version)
             self._relabel(version)
+        except VLLMError:
+            try:
+                self._restore_served_locked()  # still paused: no request runs on a mix of versions
+            except VLLMError as undo:
+                log.error("vLLM at %s: a failed weight apply could not be undone (%s); restart the server", self.url,
+                          undo)
+            raise
         finally:
             t3 = time.perf_counter()
             self.resume()
@@ -287,6 +297,28 @@ class VLLMEngine:
              "total_ms": (time.perf_counter() - t0) * 1e3}
         self.update_log.append(m)
         return m
+
+    def _restore_served_locked(self) -> None:
+        """After a failed apply, while generation is paused: the worker may have repacked some changed layers with
+        the new version (their old packed values are not kept) or the label may not have moved. Reload the
+        launched checkpoint and bring it back to the version this engine reports, the way a restart does."""
+        if self.model_dir is None:
+            log.error("vLLM at %s failed to apply weights and was not launched from a checkpoint: restart it from the "
+                      "policy's checkpoint", self.url)
+            return
+        served, restore = self._version, self._restore
+        self.rpc("flywheel_reload", self.model_dir, 0)
+        self._relabel(0)
+        if restore is None:  # nothing installed since the checkpoint: it is what serves now
+            served = self._version = 0
+        elif served != 0 and restore[0] == "reload":
+            self.rpc("flywheel_reload", restore[1], served)
+        elif served != 0:
+            self.rpc("flywheel_prepare", restore[1], served, 1)
+            self.rpc("flywheel_apply", served)
+        self._relabel(served)
+        log.warning("vLLM at %s: a failed weight apply was undone (checkpoint reloaded, version %d restored)",
+                    self.url, served)
 
     def reload_weights(self, version: int, checkpoint_dir: str | Path) -> dict:
         """The plain path: pause, vLLM reloads the whole checkpoint in place, relabel, resume."""
