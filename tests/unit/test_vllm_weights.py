@@ -74,6 +74,10 @@ def test_refuses_what_does_not_fit():
     # a packed shard whose earlier siblings the weights do not name cannot be placed
     with pytest.raises(ValueError, match="after"):
         WeightMap(model, {"model.layers.0.self_attn.k_proj.weight": (4, 8)})
+    # a tied head that differs from the embedding has no single place: refused before anything is copied
+    wmap.check_shared(ts)
+    with pytest.raises(ValueError, match="tied weights"):
+        wmap.check_shared({**ts, "lm_head.weight": ts["lm_head.weight"] + 1e-3})
 
 
 def _pack(layer, remove_weight):

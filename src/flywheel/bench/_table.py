@@ -21,7 +21,8 @@ END = "<!-- END results -->"
 DOCS = {"engine": "inference.md", "sandbox": "sandbox.md", "weights": "weights.md", "mismatch": "numerics.md",
         "pipeline": "training.md", "redteam": "integrity.md", "trainer": "training.md", "dashboard": "observability.md",
         "dashboard_online": "observability.md",
-        "numerics_cuda": "numerics.md", "online": "online.md", "pool": "online.md", "envs": "environments.md"}
+        "numerics_cuda": "numerics.md", "online": "online.md", "pool": "online.md", "serve_engines": "online.md",
+        "envs": "environments.md"}
 
 
 def _fmt(value: object) -> str:

@@ -3,9 +3,11 @@
     flywheel serve configs/online.toml                         # http://127.0.0.1:8470/v1, learner on
     flywheel serve --model runs/demo/final_model --online.learner.enabled false
     flywheel serve configs/online.toml --online.serve.port 0 --port-file port.json --key-file key.txt
+    flywheel serve --model runs/demo/final_model --inference.type vllm   # the same API through a vLLM server
 
 One process: the engine, the HTTP API (/v1/chat/completions, /v1/feedback, /v1/models), the durable event log
-(online.serve.db_url; SQLite WAL by default), the deploy follower, and the online learner with its gate.
+(online.serve.db_url; SQLite WAL by default), the deploy follower, and the online learner with its gate. With
+inference.type = "vllm" the engine is a vLLM server launched from inference.vllm.python (.venv-vllm).
 """
 
 from __future__ import annotations
@@ -40,10 +42,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"flywheel serve: {err}") from None
 
     async def main() -> None:
-        port = await service.start(args.port_file)
+        try:
+            port = await service.start(args.port_file)
+        except (ValueError, RuntimeError) as err:  # the engine did not start (a vLLM server: its log's tail)
+            await service.stop()
+            raise SystemExit(f"flywheel serve: {err}") from None
         print(f"flywheel serve: listening on http://{cfg.online.serve.host}:{port}/v1 (model "
-              f"'{cfg.online.serve.model_name}', weight version {service.engine.version}, learner "
-              f"{'on' if service.learner else 'off'}, background rollouts {'on' if service.pool else 'off'})", flush=True)
+              f"'{cfg.online.serve.model_name}', {cfg.inference.type} engine, weight version {service.engine.version}, "
+              f"learner {'on' if service.learner else 'off'}, background rollouts {'on' if service.pool else 'off'})",
+              flush=True)
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -29,6 +29,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import shutil
 import threading
 import time
@@ -45,6 +46,8 @@ from flywheel.inference.vllm_server import VLLMServer, http_json
 from flywheel.types import Generation, SamplingParams
 from flywheel.weights.store import StoreError
 from flywheel.weights.sync import Subscriber, open_source
+
+log = logging.getLogger(__name__)
 
 _FINISH: dict[str, Literal["stop", "length", "aborted"]] = {"stop": "stop", "length": "length", "abort": "aborted"}
 
@@ -71,7 +74,7 @@ class VLLMEngine:
         self.max_model_len = max_seq_len
         self._version = int(version)
         self._started = False
-        self._restore: tuple[str, str] | None = None  # ("store", url) or ("reload", checkpoint dir)
+        self._restore: tuple[str, str] | None = None  # ("store" | "exact", url) or ("reload", checkpoint dir)
         self._lock = threading.Lock()  # one weight change or restart at a time
         self._timeout = aiohttp.ClientTimeout(total=self.vcfg.request_timeout_s)
         self._in_flight = 0
@@ -229,8 +232,8 @@ class VLLMEngine:
             self.url = self.server.start()
             self._relabel(0)
             version, self._version = self._version, 0
-            if self._restore and self._restore[0] == "store":
-                self._sync_locked(version, self._restore[1])
+            if self._restore and self._restore[0] in ("store", "exact"):
+                self._sync_locked(version, self._restore[1], self._restore[0] == "exact")
             elif self._restore:
                 self._reload_locked(version, self._restore[1])
             return True
@@ -257,25 +260,35 @@ class VLLMEngine:
     def resume(self) -> None:
         self._post("/resume")
 
-    def sync_weights(self, version: int, store_url: str) -> dict:
-        """Install `version` from the weight store by the delta path; returns the timings (ms)."""
-        with self._lock:
-            return self._sync_locked(int(version), store_url)
+    def sync_weights(self, version: int, store_url: str, *, exact: bool = False) -> dict:
+        """Install `version` from the weight store by the delta path; returns the timings (ms).
 
-    def _sync_locked(self, version: int, store_url: str) -> dict:
+        `exact`: exactly that version, older ones included (a deploy or rollback that the event log chose,
+        online/deploy.py); otherwise the store's newest, at least `version` (the RL loop)."""
+        with self._lock:
+            return self._sync_locked(int(version), store_url, exact)
+
+    def _sync_locked(self, version: int, store_url: str, exact: bool = False) -> dict:
         t0 = time.perf_counter()
-        prep = self.rpc("flywheel_prepare", store_url, version)  # no pause: fetch, decode, verify
-        version = int(prep[0]["version"])  # the store's newest (a version published meanwhile is taken too)
+        prep = self.rpc("flywheel_prepare", store_url, version, int(exact))  # no pause: fetch, decode, verify
+        version = int(prep[0]["version"])  # exact: `version`; else the store's newest (one published meanwhile too)
         t1 = time.perf_counter()
         self.pause()
         t2 = time.perf_counter()
         try:
             applied = self.rpc("flywheel_apply", version)
             self._relabel(version)
+        except VLLMError:
+            try:
+                self._restore_served_locked()  # still paused: no request runs on a mix of versions
+            except VLLMError as undo:
+                log.error("vLLM at %s: a failed weight apply could not be undone (%s); restart the server", self.url,
+                          undo)
+            raise
         finally:
             t3 = time.perf_counter()
             self.resume()
-        self._version, self._restore = version, ("store", store_url)
+        self._version, self._restore = version, ("exact" if exact else "store", store_url)
         m = {"version": version, "path": prep[0].get("path"), "prepare_ms": (t1 - t0) * 1e3,
              "pause_ms": (time.perf_counter() - t2) * 1e3, "apply_ms": (t3 - t2) * 1e3,
              "num_changed": applied[0].get("num_changed"), "bytes_fetched": prep[0].get("bytes_fetched"),
@@ -284,6 +297,28 @@ class VLLMEngine:
              "total_ms": (time.perf_counter() - t0) * 1e3}
         self.update_log.append(m)
         return m
+
+    def _restore_served_locked(self) -> None:
+        """After a failed apply, while generation is paused: the worker may have repacked some changed layers with
+        the new version (their old packed values are not kept) or the label may not have moved. Reload the
+        launched checkpoint and bring it back to the version this engine reports, the way a restart does."""
+        if self.model_dir is None:
+            log.error("vLLM at %s failed to apply weights and was not launched from a checkpoint: restart it from the "
+                      "policy's checkpoint", self.url)
+            return
+        served, restore = self._version, self._restore
+        self.rpc("flywheel_reload", self.model_dir, 0)
+        self._relabel(0)
+        if restore is None:  # nothing installed since the checkpoint: it is what serves now
+            served = self._version = 0
+        elif served != 0 and restore[0] == "reload":
+            self.rpc("flywheel_reload", restore[1], served)
+        elif served != 0:
+            self.rpc("flywheel_prepare", restore[1], served, 1)
+            self.rpc("flywheel_apply", served)
+        self._relabel(served)
+        log.warning("vLLM at %s: a failed weight apply was undone (checkpoint reloaded, version %d restored)",
+                    self.url, served)
 
     def reload_weights(self, version: int, checkpoint_dir: str | Path) -> dict:
         """The plain path: pause, vLLM reloads the whole checkpoint in place, relabel, resume."""
@@ -361,9 +396,13 @@ class StoreSync:
     def version(self) -> int | None:
         return self.engine.version
 
-    def poll(self) -> int | None:
+    def poll(self, target: int | None = None) -> int | None:
+        """Move the server to the store's newest version; returns it, or None if nothing new was installed.
+
+        `target`: exactly that version instead, older ones included (the deploy follower of `flywheel serve`,
+        online/deploy.py, installs what the event log says serves, rollbacks too)."""
         if self.inner is not None:
-            v = self.inner.poll()
+            v = self.inner.poll(target)
             self.last_error, self.metrics = self.inner.last_error, self.inner.metrics
             return v
         try:
@@ -371,16 +410,23 @@ class StoreSync:
         except (StoreError, OSError) as err:
             self.last_error = err
             return None
-        if not versions or versions[-1] <= self.engine.version:
+        if target is not None:
+            if target not in versions:
+                self.last_error = StoreError(f"version {target} is not in the store")
+                return None
+            if target == self.engine.version:
+                return None
+        elif not versions or versions[-1] <= self.engine.version:
             return None
+        want = versions[-1] if target is None else target
         try:
-            m = self.engine.sync_weights(versions[-1], self.source_url)
+            m = self.engine.sync_weights(want, self.source_url, exact=target is not None)
         except (VLLMError, OSError) as err:
             self.last_error = err
             return None
         self.metrics.append(m)
         self.last_error = None
-        return versions[-1]
+        return int(m["version"])
 
     def start(self) -> StoreSync:
         return self

@@ -3,6 +3,7 @@
     python -m vllm.entrypoints.openai.api_server --model CKPT \\
         --worker-extension-cls flywheel.inference.vllm_worker.FlywheelWorkerExtension   # VLLM_SERVER_DEV_MODE=1
     POST /collective_rpc {"method": "flywheel_prepare", "args": [STORE_URL, "7"]}   # fetch, decode, verify: no pause
+                                                        # (args [STORE_URL, "7", "1"]: exactly v7, older included)
     POST /pause?mode=keep; POST /collective_rpc {"method": "flywheel_apply", "args": ["7"]}
     POST /update_weight_version {"new_version": "7"}; POST /resume
 
@@ -91,6 +92,17 @@ class WeightMap:
                     return target, offset, shape[0]
         raise ValueError(f"tensor '{name}' has no place in the served model (vLLM parameters such as "
                          f"{list(self.params)[:3]}); is the server serving the policy's architecture?")
+
+    def check_shared(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Tensors that vLLM keeps in one place (a tied head is the embedding) must be equal bit for bit: else the
+        copy would install whichever came last and the read-back would fail after the live weights had changed."""
+        seen: dict[tuple[str, int, int], str] = {}
+        for name, t in tensors.items():
+            other = seen.setdefault(self.slots[name], name)
+            if other != name and not same_bits(tensors[other], t):
+                raise ValueError(f"'{name}' and '{other}' share vLLM's '{self.slots[name][0]}' (tied weights) but "
+                                 f"differ in this version: publish them equal (keep the tie in training) or serve an "
+                                 f"untied model")
 
     def view(self, name: str) -> torch.Tensor:
         """The live rows of parameter storage that hold tensor `name` (a view: writes go into the model)."""
@@ -222,6 +234,7 @@ class _Staging:
         wmap = self.ext.flywheel_map({k: tuple(t.shape) for k, t in tensors.items()})
         for name, t in tensors.items():
             wmap.check(name, t.dtype, tuple(t.shape))
+        wmap.check_shared(tensors)
         self.version, self.tensors = int(version), dict(tensors)
         return 0.0
 
@@ -249,8 +262,9 @@ class FlywheelWorkerExtension:
             st["map"] = WeightMap(self._fw_model(), shapes)
         return st["map"]
 
-    def flywheel_prepare(self, store_url: str, version: str) -> dict:
-        """Fetch, decode and verify the store's newest version (at least `version`) into host memory."""
+    def flywheel_prepare(self, store_url: str, version: str, exact: str = "0") -> dict:
+        """Fetch, decode and verify the store's newest version (at least `version`) into host memory; with
+        `exact` = "1" exactly `version`, older ones included (a deploy or a rollback chosen by the event log)."""
         t0 = time.perf_counter()
         st = self._fw_state()
         if st["subscriber"] is None or st["url"] != store_url:
@@ -258,8 +272,13 @@ class FlywheelWorkerExtension:
             st["subscriber"] = Subscriber(store_url, st["staging"], streams=8, num_threads=1)
             st["url"] = store_url
         sub, staging = st["subscriber"], st["staging"]
-        sub.poll()
-        if sub.version is None or sub.version < int(version) or staging.version != sub.version:
+        if exact == "1":
+            sub.poll(int(version))  # None when it is prepared already (staging then holds it)
+            ok = sub.version == int(version) and staging.version == sub.version
+        else:
+            sub.poll()
+            ok = sub.version is not None and sub.version >= int(version) and staging.version == sub.version
+        if not ok:
             raise ValueError(f"weights v{version} could not be prepared from '{store_url}': {sub.last_error}")
         if staging.manifest.get("version") != staging.version:
             staging.manifest = sub.source.read_manifest(staging.version)

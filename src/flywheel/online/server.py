@@ -12,6 +12,10 @@ process sits between a request and the engine. Token ids in, token ids out: the 
 chat format (append-only, policy/chat.py), the engine returns the sampled ids with their log-probs and versions,
 and those exact ids are stored, so the learner never trains on a re-tokenization of the reply text.
 
+Streaming: the local engine hands each token over as it is sampled. The vLLM engine's token-in/token-out protocol
+has no token stream, so a stream through it carries the finished generation's text in one chunk (then the tool
+calls, the finish reason and `[DONE]`, as always): same events, no earlier first byte.
+
 Guarantees: a completion is committed to the event log before its last byte is sent (non-streaming: before the
 response; streaming: before the final chunk and `[DONE]`), feedback before its 200; a request refused (bad JSON,
 too big, bad key, rate limited, unknown or foreign completion id) gets a 4xx with an OpenAI-style error body and
@@ -32,6 +36,7 @@ from aiohttp import web
 
 from flywheel.config.online import SIGNALS, ServeConfig
 from flywheel.inference.local import LocalEngine
+from flywheel.inference.vllm import VLLMError
 from flywheel.online.deploy import DeploymentFollower
 from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord, KeyRecord
 from flywheel.online.keys import RateLimiter, hash_key
@@ -64,7 +69,7 @@ def trim_stops(text: str, stops: list[str]) -> str:
 
 @dataclass
 class ServingState:
-    engine: Any  # flywheel.inference.base.Engine; token streaming needs LocalEngine's on_token
+    engine: Any  # flywheel.inference.base.Engine; token streaming needs LocalEngine's on_token (vLLM: one chunk)
     tokenizer: Any
     elog: EventLog
     cfg: ServeConfig
@@ -176,6 +181,9 @@ async def _generate(st: ServingState, req: ChatRequest, prompt: list[int], on_to
         return await st.engine.generate(prompt, req.sampling)
     except ValueError as err:  # the prompt does not fit the context, and the like
         raise ApiError(400, str(err), param="messages") from None
+    except VLLMError as err:  # the vLLM server failed past its restarts: nothing was recorded, the client may retry
+        log.error("engine failed: %s", err)
+        raise ApiError(503, "the inference engine failed; retry later", "server_error") from None
 
 
 async def _record(st: ServingState, rec: KeyRecord, cid: str, req: ChatRequest, prompt: list[int], gen: Generation,

@@ -14,6 +14,11 @@ With online.pool.rollouts = true, simulated RL rollouts run on the serving engin
 (online/pool.py): users first, the rollouts on what is left. With online.pool.train = true their graded groups go
 to the learner's inbox and it trains on them too (online/groups.py); its gate then also runs held-out coding tasks
 (online/coding_suite.py) in the gate's engine, with the sandboxes' cache under <run_dir>/gate.
+
+With inference.type = "vllm" the serving engine is a vLLM server that flywheel launches on the policy's checkpoint
+(`--model`, or the preset saved to <run_dir>/serve-model); deploys and rollbacks reach it through the weight store's
+delta path inside vLLM's workers (inference/vllm.py `StoreSync.poll(target)`). The learner and the gate keep their
+own local engines. The pool needs the local engine's priority admission and refuses vLLM.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from flywheel.config import FlywheelConfig
 from flywheel.envs.remote_client import env_factory
 from flywheel.envs.tools import tools_for
 from flywheel.inference.local import LocalEngine, build_engine
+from flywheel.inference.registry import build_node_engine
 from flywheel.online.coding_suite import CodingSuite
 from flywheel.online.deploy import DeploymentFollower
 from flywheel.online.events import EventLog
@@ -46,8 +52,8 @@ from flywheel.online.pool import BackgroundRollouts
 from flywheel.online.server import ServingState, build_app
 from flywheel.online.simulator import PreferenceSuite, SuggestionTask
 from flywheel.policy.chat import ChatFormat
-from flywheel.policy.model import build_model, load_model
-from flywheel.policy.tokenizer import get_tokenizer, load_tokenizer
+from flywheel.policy.model import build_model, load_model, save_model
+from flywheel.policy.tokenizer import get_tokenizer, load_tokenizer, save_tokenizer
 from flywheel.tasks.synth import Split, generate_tasks
 from flywheel.types import Task, Trajectory
 from flywheel.weights.store import WeightStore
@@ -95,6 +101,38 @@ def ensure_key(elog: EventLog, cfg: FlywheelConfig, key_file: str | None) -> str
     return key
 
 
+def check_vllm(cfg: FlywheelConfig) -> None:
+    """Refuse the settings that cannot serve through vLLM, naming the key to change."""
+    if cfg.online.pool.rollouts:
+        raise ValueError("online.pool.rollouts = true needs inference.type = \"local\": the background rollouts rely on "
+                         "the local engine's priority admission (users' rows first, a cap on the rollouts' rows), "
+                         "which the vLLM engine does not offer; set online.pool.rollouts = false to serve through vLLM")
+    if cfg.model.dtype != cfg.inference.vllm.dtype:
+        raise ValueError(f"model.dtype = '{cfg.model.dtype}' but inference.vllm.dtype = '{cfg.inference.vllm.dtype}': "
+                         f"the weight store publishes the model's dtype and vLLM must serve the same; set both alike")
+
+
+def serving_engine(cfg: FlywheelConfig, model: Any, tok: Any, model_dir: str | None,
+                   store_url: str) -> tuple[Any, Any]:
+    """(engine, subscriber) that serve users: the local engine on `model` and a store `Subscriber`, or (inference.type
+    = "vllm") a launched vLLM server on the policy's checkpoint and its `StoreSync`. Both install what the deploy
+    follower asks for through `subscriber.poll(version)`."""
+    if cfg.inference.type == "vllm":
+        ckpt = Path(model_dir) if model_dir else Path(cfg.run_dir) / "serve-model"
+        if not model_dir:  # vLLM loads a checkpoint directory: the preset (version 0), saved with its tokenizer
+            save_model(model, ckpt)
+            save_tokenizer(tok, ckpt)
+        # the context is the checkpoint's, as the local engine's (a saved model may differ from model.max_seq_len)
+        ctx = cfg.model.model_copy(update={"max_seq_len": int(model.config.max_position_embeddings)})
+        return build_node_engine(cfg.model_copy(update={"model": ctx}), ckpt, tok, store_url, Path(cfg.run_dir),
+                                 name="serve-vllm")
+    pool_cfg = cfg.online.pool
+    engine = build_engine(cfg.inference, model, tok, cfg.numerics.batch_invariant,
+                          pool_cfg.max_background_rows if pool_cfg.rollouts else None,
+                          pool_cfg.max_background_prefill_tokens if pool_cfg.rollouts else None)
+    return engine, Subscriber.from_config(store_url, engine, cfg.weights)
+
+
 def pool_tasks(cfg: FlywheelConfig, split: Split = "train") -> list[Task]:
     """Synthetic tasks, an equal share per `synth.difficulties` level: `online.pool.num_tasks` training tasks, or
     `online.gate.coding_num_tasks` held-out ones (split "heldout": functions the training split never holds; the
@@ -131,7 +169,7 @@ def build_coding_suite(cfg: FlywheelConfig, tok: Any) -> CodingSuite:
 class Service:
     cfg: FlywheelConfig
     elog: EventLog
-    engine: LocalEngine
+    engine: Any  # LocalEngine, or VLLMEngine (inference.type = "vllm")
     state: ServingState
     learner: OnlineLearner | None
     pool: BackgroundRollouts | None = None
@@ -145,6 +183,8 @@ class Service:
     @classmethod
     def build(cls, cfg: FlywheelConfig, model_dir: str | None = None, key_file: str | None = None) -> Service:
         pool_cfg = cfg.online.pool
+        if cfg.inference.type == "vllm":
+            check_vllm(cfg)
         if pool_cfg.rollouts and pool_cfg.max_background_rows > cfg.inference.max_batch_size:
             raise ValueError(f"online.pool.max_background_rows = {pool_cfg.max_background_rows} exceeds "
                              f"inference.max_batch_size = {cfg.inference.max_batch_size}; lower it (the rows it "
@@ -158,11 +198,10 @@ class Service:
             print(f"flywheel serve: created API key 'default' (stored hashed; shown once): {key}", flush=True)
         learner_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
         gate_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
-        engine = build_engine(cfg.inference, model, tok, cfg.numerics.batch_invariant,
-                              pool_cfg.max_background_rows if pool_cfg.rollouts else None,
-                              pool_cfg.max_background_prefill_tokens if pool_cfg.rollouts else None)
-        follower = DeploymentFollower(elog, Subscriber.from_config(store_url, engine, cfg.weights), engine)
-        follower.step()  # serve the deployed version from the first request on (a restart may be at v > 0)
+        engine, subscriber = serving_engine(cfg, model, tok, model_dir, store_url)
+        follower = DeploymentFollower(elog, subscriber, engine)
+        if isinstance(engine, LocalEngine):
+            follower.step()  # serve the deployed version from the first request on (a restart may be at v > 0)
         state = ServingState(engine, tok, elog, cfg.online.serve, follower)
         learner = None
         inbox = GroupInbox(pool_cfg.max_waiting_groups) if pool_cfg.train else None
@@ -180,12 +219,14 @@ class Service:
 
     async def start(self, port_file: str | None = None) -> int:
         await self.engine.start()
+        assert self.state.follower is not None
+        if not isinstance(self.engine, LocalEngine):  # a vLLM server exists only now; it starts at version 0
+            await asyncio.to_thread(self.state.follower.step)
         self.runner = web.AppRunner(build_app(self.state), access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.cfg.online.serve.host, self.cfg.online.serve.port)
         await site.start()
         self.port = int(self.runner.addresses[0][1])
-        assert self.state.follower is not None
         self._tasks = (asyncio.ensure_future(self.state.follower.run(self.cfg.online.serve.deploy_poll_s)),)
         if self.pool is not None:
             # The sessions' sandbox calls (reset, tools, grading: seconds each) run in the loop's default executor,
