@@ -10,7 +10,7 @@ import pytest
 
 from flywheel.config import EnvConfig
 from flywheel.envs.env import CodingEnv
-from flywheel.sandbox import services
+from flywheel.sandbox import netns, services
 from flywheel.sandbox.host import kill_uid
 from flywheel.sandbox.sandbox import flush_closed
 from flywheel.sandbox.services import parse_services
@@ -63,8 +63,9 @@ def test_served_task_grades_like_the_original_only_while_its_service_lives(tmp_p
             return env.grade().value
 
     assert session(original, fix) == 1.0 and session(original, []) == 0.0
+    namespaces = netns.held_by_this_process()
     assert session(served, fix) == 1.0
     assert session(served, []) == 0.0
     assert session(served, fix, kill_service=True) == 0.0  # the hidden tests come only from the live service
     flush_closed()
-    assert survivors() == []
+    assert survivors() == [] and netns.held_by_this_process() == namespaces  # each session's namespace closed

@@ -13,10 +13,10 @@ there (not started, already stopped, another session's namespace), the import fa
 counts as failed. The agent sees the same problem and workspace as in the original task (hidden files never
 enter the workspace), so a policy trained on the original tasks behaves the same on these.
 
-Cost: one bubblewrap and one Python start per session (~0.1 s here), against ~2.4 s for a PostgreSQL cluster
-(docs/environments.md, "Services"), which is what makes an RL run of hundreds of sessions with a service each
-affordable on two cores. What it does not exercise: a database's own start-up and state; the migration task
-(`tasks/migration.py`) does. Tests: `pytest tests/unit/test_served_tasks.py`.
+Cost: one bubblewrap and one Python start per session (0.13 s p50 to ready on 2 cores at load 7), against 1.7 s
+for a PostgreSQL cluster (docs/environments.md, "Services"), which is what makes an RL run of hundreds of
+sessions with a service each affordable on two cores. What it does not exercise: a database's own start-up and
+state; the migration task (`tasks/migration.py`) does. Tests: `pytest tests/unit/test_served_tasks.py`.
 """
 
 from __future__ import annotations
