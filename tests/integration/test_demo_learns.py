@@ -8,20 +8,15 @@ docs/benchmarks.md).
 
 What "reward goes up" means here: a held-out task's reward is whether its hidden tests pass, and pass@1
 over 400 sessions on 100 unseen tasks is a far steadier measure than the per-step reward of the few sampled
-groups of one step (their tasks differ from step to step). The margin asserted is well under the gains measured
-for this setting (docs/benchmarks.md), so a failure means learning broke, not bad luck.
+groups of one step (their tasks differ from step to step). The assertions are demo_learning.py's.
 """
 
-import json
-
 import pytest
+from demo_learning import STEPS, assert_learned
 
 from flywheel.pipeline.job import run_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
-
-STEPS = 14
-MARGIN = 0.04
 
 
 @pytest.mark.parametrize("world_size", [1, 2], ids=["1rank", "2ranks"])
@@ -30,12 +25,4 @@ def test_reduced_demo_raises_heldout_pass_rate(demo_base, tmp_path, world_size):
     run_dir = tmp_path / "demo"
     demo_base.seed_summary(run_dir)
     cfg = demo_base.config(run_dir, "--trainer.num_steps", str(STEPS), "--trainer.world_size", str(world_size))
-    summary = run_job(cfg, show_progress=False)
-    assert summary["rl"]["steps"] == STEPS and not summary["rl"]["interrupted"]
-    before, after = summary["pass1_before"], summary["pass1_after"]
-    assert 0.1 <= before <= 0.6, f"the mid-trained base should solve some held-out tasks: pass@1 {before}"
-    assert after >= before + MARGIN, f"held-out pass@1 {before:.2f} -> {after:.2f} after {STEPS} RL steps"
-    assert 0 < summary["pass1_gain_se"] < 0.1, summary  # paired over the 100 tasks: about 0.03 here
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    assert (run_dir / "report.html").exists()
+    assert_learned(run_job(cfg, show_progress=False), run_dir)

@@ -2,19 +2,14 @@
 `RemoteEnv`s against a `flywheel env-server` child process, the trainer, the weight store. Every trained session
 ran and was graded on the server (its counters say so), none is an environment failure.
 
-What it does not show: that such a run *learns* — the tiny random policy here solves nothing in two steps; the
-learning runs are the demo's (tests/integration/test_demo_learns.py), and the remote session is shown
-observation-for-observation equal to a local one (tests/unit/test_env_server.py), so the learning carries over.
+What it does not show: that such a run *learns* — the tiny random policy here solves nothing in two steps;
+tests/integration/test_remote_learns.py runs the demo's learning run so (`make test-long`).
 """
 
-import http.client
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
+from envserver_child import TOKEN, env_server, server_info
 
 from flywheel.config import load_config
 from flywheel.orchestrator.loop import run_rl
@@ -23,20 +18,13 @@ from flywheel.policy.tokenizer import default_corpus, save_tokenizer, train_toke
 from flywheel.tasks.synth import generate_tasks
 
 pytestmark = pytest.mark.slow
-TOKEN = "remote-rl-token-0123456789"
 
 
-@pytest.fixture
-def env_server(tmp_path, monkeypatch):
+@pytest.fixture(name="env_server")
+def env_server_fixture(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYWHEEL_ENV_TOKEN", TOKEN)  # the node process inherits it
-    proc = subprocess.Popen([sys.executable, "-m", "flywheel.cli", "env-server", "--port", "0", "--cache-dir",
-                             str(tmp_path / "srv"), "--env.tools=core"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline()
-    assert "listening on" in line, line
-    yield line.split("listening on ", 1)[1].strip()
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.wait(10)
+    with env_server(tmp_path / "srv", "--env.tools=core") as url:
+        yield url
 
 
 def test_rl_steps_with_every_session_on_the_env_server(env_server, tmp_path):
@@ -53,10 +41,7 @@ def test_rl_steps_with_every_session_on_the_env_server(env_server, tmp_path):
     tasks = generate_tasks(4, seed=3, split="train", difficulty="easy")
     out = run_rl(cfg, run_dir, tmp_path / "model", tmp_path / "tokenizer", tasks)
     assert out["steps"] == 2 and not out["interrupted"]
-    port = int(env_server.rsplit(":", 1)[1])
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", "/v1/info", headers={"Authorization": f"Bearer {TOKEN}"})
-    info = json.loads(conn.getresponse().read())
+    info = server_info(env_server)
     assert info["grades"] >= 2 * 4 and info["sessions"] >= info["grades"]  # two batches of 4 sessions, graded there
     assert info["env_errors"] == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
