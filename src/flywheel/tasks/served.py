@@ -16,7 +16,10 @@ enter the workspace), so a policy trained on the original tasks behaves the same
 Cost: one bubblewrap and one Python start per session (0.13 s p50 to ready on 2 cores at load 7), against 1.7 s
 for a PostgreSQL cluster (docs/environments.md, "Services"), which is what makes an RL run of hundreds of
 sessions with a service each affordable on two cores. What it does not exercise: a database's own start-up and
-state; the migration task (`tasks/migration.py`) does. Tests: `pytest tests/unit/test_served_tasks.py`.
+state; the migration task (`tasks/migration.py`) does. Nor the whole grading guard: it arms the stub, not the
+served text, so the served tests need no signed proof and their asserts are not probed (envs/guard.py) — train on
+served tasks to exercise services, not where a policy's reward hacks must be stopped.
+Tests: `pytest tests/unit/test_served_tasks.py`.
 """
 
 from __future__ import annotations
