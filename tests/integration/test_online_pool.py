@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+from polling import wait_for
 
 from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.config import load_config
@@ -34,20 +35,12 @@ def _pool(srv, key):
     return srv.status(key)["pool"]
 
 
-def _wait(cond, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_users_are_served_while_background_rollouts_run_and_rollouts_progress_when_idle(server):
     key = server.key_file.read_text().strip()
     # idle: no user at all, rollouts are generated and graded on the serving engine
-    idle = _wait(lambda: (p := _pool(server, key))["trajectories"] >= 2 and p, 60, "rollouts with no user")
+    idle = wait_for(lambda: (p := _pool(server, key))["trajectories"] >= 2 and p, 60, "rollouts with no user")
     assert idle["failed_groups"] == 0 and idle["mean_reward"] is not None  # graded, not only generated
 
     client = openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0, timeout=60)

@@ -13,6 +13,7 @@ import json
 import time
 
 import pytest
+from polling import wait_for
 
 from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.config import load_config
@@ -37,14 +38,6 @@ POOLTRAIN = ["--online.pool.rollouts=true", "--online.pool.train=true", "--onlin
              "--eval.temperature=1.0"]
 
 
-def _wait(cond, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.mark.slow
@@ -67,7 +60,7 @@ def test_the_learner_takes_group_steps_and_the_gate_judges_the_candidate_on_held
             gates = [e for e in elog.events(("gate_pass", "gate_reject")) if e.version in cands]
             return gates and (cands[gates[0].version], gates[0])
 
-        cand, gate = _wait(judged, 50, "a candidate with group steps, judged by the gate")
+        cand, gate = wait_for(judged, 50, "a candidate with group steps, judged by the gate")
         pool = cand.data["pool"]
         assert pool["num_steps"] >= 2 and pool["num_trajectories"] >= 4 and pool["num_groups"] >= 2
         assert pool["staleness_max"] <= 1 and pool["mean_reward"] is not None
@@ -134,7 +127,7 @@ def test_pool_training_raises_coding_pass1_from_the_demo_base(demo_base, tmp_pat
                     and all(e.version in shipped for e in judged if e.kind == "gate_pass")
                     and srv.status(admin)["learner"])
 
-        learner = _wait(done, 1800, f"{GROUP_STEPS} group steps, every candidate judged")
+        learner = wait_for(done, 1800, f"{GROUP_STEPS} group steps, every candidate judged")
         train_s = time.monotonic() - t0
         version = deployed_version(elog.events(("deploy", "rollback")))
         gates = [{"version": e.version, "kind": e.kind, **{k: e.data["coding"][k]["score"]
