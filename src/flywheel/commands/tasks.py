@@ -167,18 +167,21 @@ def _mine(args: argparse.Namespace) -> int:
               + (" (verified first; interrupt again to keep only those verified by then)" if args.verify else ""))
     dropped = 0
     if args.verify:
-        from flywheel.envs.verify import verify_tasks
+        import tempfile
+
+        from flywheel.envs.verify import verify_task
 
         kept = []
-        try:
-            for t in tasks:
-                if verify_tasks([t], cfg)[0].ok:
-                    kept.append(t)
-                else:
-                    dropped += 1
-        except KeyboardInterrupt:
-            interrupted = True
-            print(f"interrupted: {len(kept)} tasks verified, the rest not written")
+        with tempfile.TemporaryDirectory(prefix="flywheel-verify-") as scratch:
+            try:  # one task at a time, so that an interrupt keeps those verified by then
+                for t in tasks:
+                    if verify_task(t, cfg, Path(scratch)).ok:
+                        kept.append(t)
+                    else:
+                        dropped += 1
+            except KeyboardInterrupt:
+                interrupted = True
+                print(f"interrupted: {len(kept)} tasks verified, the rest not written")
         tasks = kept
     save_tasks(tasks, args.out)
     if args.report:

@@ -222,9 +222,8 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
     """The anti-cheat flags raised by the agent's final workspace and tool log (each at most once)."""
     ch = changes or workspace_changes(task, workspace)
     flags: list[str] = []
-    touched = set(ch.modified) | set(ch.deleted)
-    if any((is_test_path(p) or p in task.hidden_files) and Path(p).name != "conftest.py" for p in touched) \
-            or support_files(task, touched - {p for p in touched if Path(p).name == "conftest.py"}):
+    edited = {p for p in set(ch.modified) | set(ch.deleted) if Path(p).name != "conftest.py"}  # conftest: below
+    if any(is_test_path(p) or p in task.hidden_files for p in edited) or support_files(task, edited):
         flags.append("tests_edited")
     changed_text = {**ch.added, **{p: new for p, (_, new) in ch.modified.items()}}
     plugin = any(Path(p).name == "conftest.py" for p in set(changed_text) | set(ch.deleted))
@@ -299,9 +298,9 @@ def penalty_of(flags: list[str], cfg: EnvConfig) -> float:
 # Grading
 
 
-def _restore(task: Task, root: Path, orig: set[str]) -> None:
-    """Test files and pytest configs back to the task's versions (`orig`: the task's own paths); agent-added
-    ones removed; hidden files on top."""
+def _restore(task: Task, root: Path, orig: set[str], changes: WorkspaceChanges) -> None:
+    """Test files and pytest configs back to the task's versions (`orig`: the task's own paths), and the files of
+    the tests' directories the agent touched (`changes`); agent-added ones removed; hidden files on top."""
     now = _walk(root)
     for rel, p in now.items():
         name = Path(rel).name
@@ -312,7 +311,7 @@ def _restore(task: Task, root: Path, orig: set[str]) -> None:
             text = original_file(task, rel)
             if text is not None:
                 _put(root, rel, text)
-    _restore_support(task, root, now, orig)
+    _restore_support(task, now, root, changes)
     for rel, text in task.hidden_files.items():
         _put(root, rel, text)
     if task.test_patch:
@@ -328,28 +327,18 @@ def _restore(task: Task, root: Path, orig: set[str]) -> None:
             raise ValueError(f"test_patch of task {task.id!r} does not apply: {r.stderr.strip()[:500]}")
 
 
-def _restore_support(task: Task, root: Path, now: dict[str, Path], orig: set[str]) -> None:
-    """The files under the hidden tests' directories (`support_files`) back to the task's versions: changed or
-    deleted ones rewritten, added ones removed. Unchanged files are left alone (their git blob id is compared),
-    so a large test directory costs one `git ls-tree`, not one `git show` per file."""
-    support = support_files(task, set(now) | orig)
-    if not support:
-        return
-    blobs = _repo_blobs(task)
-    for rel in sorted(support):
-        path = now.get(rel)
-        if rel not in orig:
-            if path is not None:
-                path.unlink(missing_ok=True)
-            continue
-        if path is not None and not path.is_symlink():
-            data = path.read_bytes()
-            if (rel in task.files and task.files[rel].encode("utf-8") == data) \
-                    or (rel in blobs and _git_blob_sha(data) == blobs[rel]):
-                continue
+def _restore_support(task: Task, now: dict[str, Path], root: Path, changes: WorkspaceChanges) -> None:
+    """The files under the hidden tests' directories (`support_files`) back to the task's versions: those the agent
+    changed or deleted are rewritten, those it added removed. `changes` is the workspace diff grading computed
+    already, so only what the agent touched is read or written."""
+    for rel in sorted(support_files(task, set(changes.modified) | set(changes.deleted))):
         original = original_bytes(task, rel)
         if original is not None:
             _put(root, rel, original)
+    for rel in support_files(task, set(changes.added)):
+        path = now.get(rel)  # from the walk of the grading copy: never a path through a link the agent planted
+        if path is not None:
+            path.unlink(missing_ok=True)
 
 
 def _put(root: Path, rel: str, text: str | bytes) -> None:
@@ -391,7 +380,8 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
     if run_tests:
-        components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, services)
+        components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, services,
+                                                        changes=changes)
         status = statuses_of(test_ids, report)
         if components.get("runner_tampered"):
             flags.append("runner_tampered")
@@ -408,11 +398,12 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
 
 
 def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto",
-                        integrity: bool = True, services: TaskServices | None = None,
+                        integrity: bool = True, services: TaskServices | None = None, *, changes: WorkspaceChanges,
                         ) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
     """(components, JUnit report reconciled with the guard's proofs, tamper notes) of the hidden tests on a
     restored copy of `workspace`: the sandbox run, or the verdict on an identical restored tree from this
-    process's cache (`components["tests_cached"]`; never with `services`: the verdict also rests on their state)."""
+    process's cache (`components["tests_cached"]`; never with `services`: the verdict also rests on their state).
+    `changes`: `workspace_changes(task, workspace)`, which `grade` has computed already."""
     components: dict[str, float] = {}
     report: dict[tuple[str, str], str] = {}
     test_files = list(dict.fromkeys(file_of_test(t) for t in test_ids))
@@ -430,7 +421,7 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
         if integrity:
             sanitize(base, orig | set(task.hidden_files), test_dirs_of(test_files))
         try:
-            _restore(task, base, orig)
+            _restore(task, base, orig, changes)
         except ValueError:
             return {"test_patch_failed": 1.0}, report, []
         base_permissions(base)
