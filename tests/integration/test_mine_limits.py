@@ -149,14 +149,22 @@ def test_an_interrupted_mine_writes_the_tasks_it_kept(tmp_path: Path, envs: Path
                              "--out", str(out), "--cache-dir", str(cache), "--envs-dir", str(envs), "--seed", "5",
                              "--max-tries", "4", "--mine.candidate_timeout_min_s=300",
                              "--mine.candidate_timeout_max_s=300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[0]
-        time.sleep(0.05)
-    hung = [int(w) for w in pids.read_text().split()]
-    proc.send_signal(signal.SIGINT)
-    log = proc.communicate(timeout=60)[0]
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # Ctrl-C as at a terminal: a test run started in the background (`make test &`, some CI
+                            # runners) passes SIGINT down ignored, and Python then never raises KeyboardInterrupt
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.05)
+        hung = [int(w) for w in pids.read_text().split()]
+        proc.send_signal(signal.SIGINT)
+        log = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:  # it did not stop: do not leave it (and its hung suite) behind
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, log
     assert "interrupted: writing the" in log
     tasks = load_tasks(out).tasks
