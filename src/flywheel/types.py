@@ -101,6 +101,9 @@ class Task:
     # The task's own Python environment (tasks/repoenv.py): {"python": "3.11", "requirements": [...], "name": ...},
     # built once per distinct spec by `flywheel envs build`; None = the run's own Python runs the tests.
     python_env: dict[str, Any] | None = None
+    # Tests as data (tasks/datatests.py): calls the trusted grader makes and checks itself (envs/calls.py). A task
+    # with calls is graded by them alone; its test files stay for the agent's own runs.
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from flywheel.config import EnvConfig
 from flywheel.envs import guard
+from flywheel.envs.calls import grade_calls
 from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
@@ -379,10 +380,13 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
         flags = [f for f in flags if f not in STATIC_FLAGS]
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
-    if run_tests:
+    if run_tests and task.calls and integrity:
+        components, status = data_test_results(task, workspace, cfg, kind)
+    elif run_tests:
         components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, services,
                                                         changes=changes)
         status = statuses_of(test_ids, report)
+        components["in_process_verdict"] = 1.0  # no data form of these tests: the runner's report, guarded
         if components.get("runner_tampered"):
             flags.append("runner_tampered")
         if components.get("always_equal_seen") and "always_equal" not in flags:
@@ -395,6 +399,22 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
     components.update(tests=tests, penalty=penalty)
     return Reward(value=cfg.test_weight * tests + penalty, components=components, flags=flags, tests=status,
                   notes=notes)
+
+
+def data_test_results(task: Task, workspace: Path, cfg: EnvConfig, kind: str = "auto",
+                      ) -> tuple[dict[str, float], dict[str, str]]:
+    """(components, status per test id) of `task.calls` on a private copy of `workspace` (envs/calls.py): the
+    verdict is the trusted grader's own comparison of returned values; no test file or expected value is in the
+    tree the candidate runs in."""
+    test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
+    tmp = Path(tempfile.mkdtemp(prefix="flywheel-calls-"))
+    try:
+        base = tmp / "base"
+        shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
+        status, components = grade_calls(task, base, cfg, kind)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return components, {tid: status.get(tid, "missing") for tid in test_ids}
 
 
 def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto",

@@ -48,6 +48,7 @@ from typing import Any
 from flywheel.sandbox.services import parse_services
 from flywheel.sandbox.workspace import base_permissions, materialize_base
 from flywheel.tasks import minitest
+from flywheel.tasks.datatests import check_call, humaneval_calls
 from flywheel.tasks.repoenv import check_spec, spec_from_reader
 from flywheel.tasks.variants import normalize
 from flywheel.types import Task, TaskLimits
@@ -242,7 +243,7 @@ def parse_flywheel(d: dict[str, Any], repos_dir: str | Path | None = None) -> Ta
         pass_to_pass=_str_list(d, "pass_to_pass"), test_command=_str(d, "test_command", required=False,
                                                                       default="python -m pytest -q"),
         limits=TaskLimits(**limits), solution=_str_dict(d, "solution") if solution is not None else None, meta=meta,
-        services=_services(d), python_env=python_env)
+        services=_services(d), python_env=python_env, calls=_calls(d))
     if task.repo is not None:
         path = _find_repo(task.repo, repos_dir)
         task.repo = str(path.resolve())
@@ -251,6 +252,21 @@ def parse_flywheel(d: dict[str, Any], repos_dir: str | Path | None = None) -> Ta
         _check_commit(path, task.commit)
     _check_task(task)
     return task
+
+
+def _calls(d: dict[str, Any]) -> list[dict[str, Any]]:
+    calls = d.get("calls") or []
+    if not isinstance(calls, list):
+        raise BrokenTask("field 'calls' must be a list of call objects (tasks/datatests.py)")
+    for entry in calls:
+        problem = check_call(entry)
+        if problem is not None:
+            raise BrokenTask(problem)
+    graded = set(d.get("fail_to_pass") or []) | set(d.get("pass_to_pass") or [])
+    missing = graded - {c["id"] for c in calls} if calls else set()
+    if missing:
+        raise BrokenTask(f"a task with 'calls' grades by them alone, but tests {sorted(missing)[:3]} have no call")
+    return calls
 
 
 def _services(d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -345,7 +361,8 @@ def parse_humaneval(d: dict[str, Any]) -> Task:
         problem=f"Complete the function `{entry}` in `solution.py` so that it does what its docstring says.",
         fail_to_pass=["test_solution.py::test_check"], test_command=f"python {RUNNER_FILE} -q",
         solution={"solution.py": prompt + canonical} if canonical else None,
-        meta={"format": "humaneval", "entry_point": entry})
+        meta={"format": "humaneval", "entry_point": entry},
+        calls=humaneval_calls(test, "solution", entry, "test_solution.py::test_check") or [])
     _check_task(task)
     return task
 

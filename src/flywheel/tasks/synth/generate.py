@@ -38,6 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from flywheel.tasks import datatests
 from flywheel.tasks.loaders import RUNNER_FILE, runner_source, save_tasks
 from flywheel.tasks.synth.mutations import instantiate, mutate, mutation_sites
 from flywheel.tasks.synth.templates import (
@@ -210,9 +211,13 @@ def _assemble(r, t, split, difficulty, task_id, module, name, src, mutant, kind,
         problem = f"In `{mod_file}`, function `{name}` is wrong: `{call}` should return {want!r} but {got_text}."
     else:
         problem = f"`{call}` should return {want!r} but {got_text}. Fix the bug."
+    # The same cases as data: grading calls the function and compares the values itself (envs/calls.py); the
+    # test files stay for the agent's own runs and for `integrity=False` (the bench's undefended baseline).
+    calls = [datatests.call(f"{path}::{test}", module, fn, a, v)
+             for path, cases_of in ((vis_file, vis), (hid_file, hid)) for test, fn, a, v in cases_of]
     return Task(
         id=task_id, problem=problem, files={mod_file: module_src, vis_file: vis_src}, visible_tests=[vis_file],
-        hidden_files={vis_file: vis_src, hid_file: hid_src}, fail_to_pass=f2p, pass_to_pass=p2p,
+        hidden_files={vis_file: vis_src, hid_file: hid_src}, fail_to_pass=f2p, pass_to_pass=p2p, calls=calls,
         test_command="python -m pytest -q", solution={mod_file: orig_src},
         meta={"split": split, "difficulty": difficulty, "mutation": kind, "function": t.id, "name": name,
               "module": mod_file, "old": old_lines, "new": new_lines, **({"edit": list(edit)} if edit else {})})
