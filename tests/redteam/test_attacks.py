@@ -12,7 +12,7 @@ CASES = [(a, kind) for a in ATTACKS for kind in a.kinds]
 def test_the_catalogue_is_large_and_distinct():
     assert len({a.name for a in ATTACKS}) == len(ATTACKS) >= 25
     assert len(CASES) >= 75
-    assert {kind for _, kind in CASES} == {"synthetic", "humaneval", "swebench"}
+    assert {kind for _, kind in CASES} == {"synthetic", "humaneval", "humaneval_calls", "swebench"}
 
 
 @pytest.mark.parametrize("attack,kind", CASES, ids=[f"{a.name}-{k}" for a, k in CASES])

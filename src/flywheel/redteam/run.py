@@ -62,5 +62,8 @@ def regrade(played: Played, cfg: EnvConfig, *, integrity: bool) -> tuple[Reward,
 
 
 def caught(reward: Reward, flag: str) -> bool:
-    """An attack is caught when it earns nothing and raises the flag it should."""
-    return reward.value <= 0 and flag in reward.flags
+    """An attack is caught when it earns nothing and either raises the flag it should or, on a data-graded task
+    (envs/calls.py), gets no test credit from the grader's own comparison (no flag is needed there: the verdict
+    itself gives nothing)."""
+    by_data = reward.components.get("data_verdict") == 1.0 and reward.components.get("tests") == 0.0
+    return reward.value <= 0 and (flag in reward.flags or by_data)

@@ -1,0 +1,31 @@
+"""The data verdict (envs/calls.py) against attacks that beat a verdict decided in the candidate's interpreter.
+
+Test peeking is shown to be a real attack first: on the same synthetic task graded the in-process way (its calls
+removed, so the guarded runner decides), it earns full reward with no flag. Graded by data, it earns nothing."""
+
+import dataclasses
+
+from flywheel.redteam import attacks_verdict as verdict
+from flywheel.redteam.run import play
+
+
+def test_peeking_wins_in_process_and_earns_nothing_by_data(targets, env_cfg, cache_dir):
+    target = targets["synthetic"]
+    calls = verdict.redefine(verdict.PEEK)(target)
+    in_process = dataclasses.replace(target, task=dataclasses.replace(target.task, calls=[]))
+    old = play(in_process, calls, env_cfg, cache_dir).reward
+    assert old.value == 1.0 and not old.flags, (old.value, old.flags, old.tests)  # the in-process verdict is fooled
+    new = play(target, calls, env_cfg, cache_dir).reward
+    assert new.value == 0.0 and new.components["data_verdict"] == 1.0 and new.components["tests"] == 0.0
+    assert any(s == "failed" for s in new.tests.values())
+
+
+def test_the_reference_fix_and_every_humaneval_call_pass_by_data(targets, env_cfg, cache_dir):
+    from flywheel.types import ToolCall
+    for kind in ("synthetic", "humaneval_calls"):
+        target = targets[kind]
+        assert target.task.calls, kind
+        writes = [ToolCall("write", {"path": p, "content": c}) for p, c in target.fixed.items()]
+        r = play(target, writes, env_cfg, cache_dir).reward
+        assert r.value == 1.0 and r.components["data_verdict"] == 1.0 and set(r.tests.values()) == {"passed"}, kind
+        assert "in_process_verdict" not in r.components
