@@ -22,8 +22,9 @@ Flags:
 * `always_equal` — `__eq__` that returns a constant true (or `__ne__` a constant false), or `__eq__` named as a
   string (type(...) built classes).
 * `runner_shadowed` — a file that replaces what the interpreter or the runner imports: `sitecustomize.py`,
-  `usercustomize.py`, `*.pth`, `pytest.py`, `_pytest/`, `pluggy/`, `py.py`, and standard-library module names
-  on the test import path (the workspace root and the directories of the test files).
+  `usercustomize.py`, `*.pth`, `pytest.py`, `_pytest/`, `pluggy/`, `py.py` anywhere, and on the test import path
+  (the workspace root and the directories of the test files) standard-library module names and every module a
+  pytest run imports here, read off the installed runner (envs/startup.py: `pygments`, `iniconfig`, ...).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import sys
 import tokenize
 from pathlib import Path, PurePosixPath
 
+from flywheel.envs.startup import runner_modules
 from flywheel.tasks.loaders import is_test_path
 
 STATIC_FLAGS = ("framework_patch", "interpreter_hook", "always_equal", "runner_shadowed")
@@ -122,7 +124,8 @@ def shadows(rel: str, test_dirs: set[str]) -> bool:
             break
         if name in SHADOW_ANYWHERE:
             return True
-        if name in sys.stdlib_module_names and str(PurePosixPath(*parts[:i])) in test_dirs | {"."}:
+        on_path = str(PurePosixPath(*parts[:i])) in test_dirs | {"."}
+        if on_path and (name in sys.stdlib_module_names or name in runner_modules()):
             return True
     return False
 
