@@ -381,7 +381,7 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
         flags = [f for f in flags if f not in STATIC_FLAGS]
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
-    if run_tests and task.calls and integrity:
+    if run_tests and task.calls and integrity and services is None:  # by data; a live service: the suite path
         components, status = data_test_results(task, workspace, cfg, kind)
     elif run_tests:
         components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, services,

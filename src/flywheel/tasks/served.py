@@ -81,7 +81,9 @@ def serve_hidden_tests(task: Task) -> Task:
     service = {"kind": "command", "name": "served-tests", "ready_port": PORT, "command": SERVER,
                "setup": f"echo {blob} | base64 -d > {DATA_FILE}", "memory_mb": 1024, "max_procs": 16}
     hidden = {**task.hidden_files, **{path: STUB % path for path in served}}
-    return dataclasses.replace(task, hidden_files=hidden, services=[*task.services, service],
+    # calls: [] — the point of a served task is a verdict that rests on the service, so it is graded from the
+    # served test files (the in-process path), never by data (envs/calls.py), which would not need the service
+    return dataclasses.replace(task, hidden_files=hidden, services=[*task.services, service], calls=[],
                                meta={**task.meta, "served_tests": sorted(served)})
 
 
