@@ -25,7 +25,8 @@ def test_tasks_check_grade_finds_a_test_command_the_guard_cannot_work_with(tmp_p
     from flywheel.tasks.synth import generate_tasks
 
     good = generate_tasks(2, seed=5, split="train", difficulty="easy")
-    bad = dataclasses.replace(good[1], id="isolated", test_command="python -I runtests.py -q")
+    # graded by its test command (a task without calls: the in-process path), not by data
+    bad = dataclasses.replace(good[1], id="isolated", test_command="python -I runtests.py -q", calls=[])
     save_tasks([good[0], bad], tmp_path / "t.jsonl")
     assert main(["tasks", "check", str(tmp_path / "t.jsonl"), "--grade"]) == 1
     out = capsys.readouterr().out
