@@ -4,7 +4,12 @@
     reward.value, reward.components, reward.flags, reward.tests     # tests: id -> passed/failed/error/...
     reward.notes                                                    # why an integrity flag was raised
 
-How grading resists a policy that cheats (defence in depth; tests/redteam/ is the proof of what it stops):
+A task with `calls` (its tests as data: every synthetic task, most HumanEval problems) is graded by the data
+verdict (envs/calls.py): the candidate's process gets only the inputs, and this process compares the returned
+values itself, so nothing in the candidate's interpreter decides. Every other task is graded in-process as below,
+and its reward carries `components["in_process_verdict"]`.
+
+How in-process grading resists a policy that cheats (defence in depth; tests/redteam/ is the proof of what it stops):
 * It never runs in the agent's sandbox. The agent's final workspace is copied; files that would shadow the
   runner or the interpreter's start-up (`sitecustomize.py`, `*.pth`, `pytest.py`, `_pytest/`, standard-library
   names beside the tests, envs/integrity.py) are deleted; every test file and pytest config the task started
