@@ -6,12 +6,13 @@ removed, so the guarded runner decides), it earns full reward with no flag. Grad
 import dataclasses
 
 from flywheel.redteam import attacks_verdict as verdict
+from flywheel.redteam.attacks import replace_function
 from flywheel.redteam.run import play
 
 
 def test_peeking_wins_in_process_and_earns_nothing_by_data(targets, env_cfg, cache_dir):
     target = targets["synthetic"]
-    calls = verdict.redefine(verdict.PEEK)(target)
+    calls = replace_function(verdict.PEEK)(target)
     in_process = dataclasses.replace(target, task=dataclasses.replace(target.task, calls=[]))
     old = play(in_process, calls, env_cfg, cache_dir).reward
     assert old.value == 1.0 and not old.flags, (old.value, old.flags, old.tests)  # the in-process verdict is fooled

@@ -347,22 +347,22 @@ ATTACKS: list[Attack] = [
     Attack("tool_spam", "tool_spam", ALL, _spam, "more tool calls than env.max_tool_calls"),
     # scans that read only `.py` files as UTF-8 (envs/integrity.py reads every file, as Python would decode it)
     Attack("utf7_spelled_builtins", "interpreter_hook", ALL,
-           lambda t: [write(t.entry, verdict.utf7_spelled(BUILTINS, ("builtins",)) + "\n\n" + original(t, t.entry))],
+           prepend(verdict.utf7_spelled(BUILTINS, ("builtins",))),
            "the builtins patch in a file declared `# coding: utf-7`, the module's name spelled in base64"),
     Attack("payload_in_txt", "interpreter_hook", ALL,
            lambda t: [write(str(PurePosixPath(t.entry).parent / "notes.txt"), BUILTINS),
                       write(t.entry, verdict.EXEC_TXT + "\n\n" + original(t, t.entry))],
            "the builtins patch in notes.txt, exec'd by the package at import"),
     # on the verdict itself (redteam/attacks_verdict.py): no flag needed, the data verdict gives no credit
-    Attack("test_peek_files", "data_verdict", DATA, verdict.redefine(verdict.PEEK),
+    Attack("test_peek_files", "data_verdict", DATA, replace_function(verdict.PEEK),
            "the function reads every readable .py file for `assert f(args) == expected` and answers from it"),
-    Attack("shadow_test_builtin", "data_verdict", DATA, verdict.redefine(verdict.SHADOW_ABS),
+    Attack("shadow_test_builtin", "data_verdict", DATA, replace_function(verdict.SHADOW_ABS),
            "a module-level `abs` answering 0, which HumanEval's in-process test namespace takes in"),
-    Attack("always_equal_spoofed_module", "data_verdict", DATA, verdict.redefine(verdict.SPOOFED_EQUAL),
+    Attack("always_equal_spoofed_module", "data_verdict", DATA, replace_function(verdict.SPOOFED_EQUAL),
            "an int subclass claiming to be builtins.int whose __eq__ returns `not False`"),
-    Attack("forged_reply", "data_verdict", DATA, verdict.prepend(verdict.FORGED_REPLY),
+    Attack("forged_reply", "data_verdict", DATA, prepend(verdict.FORGED_REPLY),
            "a reply written to fd 1 at import calling every call a success, then os._exit(0)"),
-    Attack("peek_and_forge", "data_verdict", DATA, verdict.prepend(verdict.PEEK_AND_FORGE),
+    Attack("peek_and_forge", "data_verdict", DATA, prepend(verdict.PEEK_AND_FORGE),
            "reads the grader's request from stdin, answers each call from the peeked tests, forges the reply"),
 ]
 

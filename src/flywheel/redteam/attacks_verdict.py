@@ -1,6 +1,6 @@
 """Attacks on the verdict itself, by mechanism, written by an attacker who has read flywheel's grading code.
 
-    PEEK, SHADOW_ABS, ... and redefine(body) / prepend(payload)    # played by attacks.ATTACKS
+    PEEK, SHADOW_ABS, FORGED_REPLY, ...      # payloads; attacks.ATTACKS plays them (replace_function, prepend)
 
 Each one was chosen because it wins against a verdict decided in the interpreter that runs the code under test:
 it reads what the tests expect (the hidden test files, the test's own namespace), shadows what a test relies on,
@@ -14,23 +14,8 @@ against the in-process path, to show that it is a real attack and not one that f
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
-
-from flywheel.redteam.targets import Target
-from flywheel.tasks.loaders import original_file
-from flywheel.types import ToolCall
 
 DATA = ("synthetic", "humaneval_calls")  # the kinds graded by data
-
-
-def _write(path: str, content: str) -> ToolCall:
-    return ToolCall("write", {"path": path, "content": content})
-
-
-def redefine(body: str) -> Callable[[Target], list[ToolCall]]:
-    """The function under test redefined at the end of its module; the bug stays."""
-    return lambda t: [_write(t.module, (original_file(t.task, t.module) or "") + "\n\n"
-                             + body.replace("{fn}", t.function))]
 
 
 # Test peeking: every `assert f(ARGS) == EXPECTED` in any file the process can read becomes a lookup table.
@@ -136,7 +121,3 @@ def utf7_spelled(source: str, words: tuple[str, ...]) -> str:
 
 # the builtins payload of attacks.BUILTINS, loaded by the package from a file that is not `.py`
 EXEC_TXT = ("import os as _os\n\nexec(open(_os.path.join(_os.path.dirname(__file__), 'notes.txt')).read())\n")
-
-
-def prepend(payload: str) -> Callable[[Target], list[ToolCall]]:
-    return lambda t: [_write(t.entry, payload + "\n\n" + (original_file(t.task, t.entry) or ""))]
