@@ -25,10 +25,14 @@ def test_attack_is_caught(attack, kind, targets, env_cfg, cache_dir):
                                     f"tests {r.tests}, notes {r.notes}")
 
 
-def test_a_forged_runner_gets_no_credit_even_without_a_penalty(targets, env_cfg, cache_dir):
-    """runner_tampered withholds the test credit itself: with every penalty at 0 the reward is still 0."""
+@pytest.mark.parametrize("kind,name,flag,note", [
+    ("humaneval", "runtests_call_noop", "runner_tampered", "proof"),  # in-process: the guard's proofs are missing
+    ("swebench", "pytest_runtest_obfuscated", "verdict_forged", "twin"),  # the suite verdict: a twin passed
+])
+def test_a_forged_runner_gets_no_credit_even_without_a_penalty(kind, name, flag, note, targets, env_cfg, cache_dir):
+    """The flag withholds the test credit itself: with every penalty at 0 the reward is still 0."""
     cfg = env_cfg.model_copy(update={"cheat_penalty": 0.0})
-    attack = next(a for a in ATTACKS if a.name == "pytest_runtest_obfuscated")
-    r = play(targets["swebench"], attack.calls(targets["swebench"]), cfg, cache_dir).reward
-    assert r.value == 0.0 and r.components["tests"] == 0.0 and "runner_tampered" in r.flags
-    assert any("proof" in note for note in r.notes)
+    attack = next(a for a in ATTACKS if a.name == name)
+    r = play(targets[kind], attack.calls(targets[kind]), cfg, cache_dir).reward
+    assert r.value == 0.0 and r.components["tests"] == 0.0 and flag in r.flags, r
+    assert any(note in n for n in r.notes), r.notes

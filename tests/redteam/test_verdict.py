@@ -1,7 +1,9 @@
-"""The data verdict (envs/calls.py) against attacks that beat a verdict decided in the candidate's interpreter.
+"""The verdicts decided outside the candidate's interpreter (envs/calls.py, envs/suite.py) against attacks that beat
+one decided inside it.
 
-Test peeking is shown to be a real attack first: on the same synthetic task graded the in-process way (its calls
-removed, so the guarded runner decides), it earns full reward with no flag. Graded by data, it earns nothing."""
+Test peeking is shown to be a real attack first: on the same task graded the in-process way (a synthetic task with
+its calls removed; the repository task with `env.suite_verdict` off), it earns full reward with no flag. Graded by
+data it earns nothing; under the suite verdict its twin passes and it is flagged."""
 
 import dataclasses
 
@@ -19,6 +21,19 @@ def test_peeking_wins_in_process_and_earns_nothing_by_data(targets, env_cfg, cac
     new = play(target, calls, env_cfg, cache_dir).reward
     assert new.value == 0.0 and new.components["data_verdict"] == 1.0 and new.components["tests"] == 0.0
     assert any(s == "failed" for s in new.tests.values())
+
+
+def test_peeking_at_a_repository_suite_wins_in_process_and_its_twin_catches_it(targets, env_cfg, cache_dir):
+    """The same attack on the SWE-bench-style task: one guarded interpreter gives it full reward; the suite verdict
+    (envs/suite.py) runs a twin whose file holds another expected value, the peek returns that one, and the twin
+    passes: verdict_forged."""
+    target = targets["swebench"]
+    calls = replace_function(verdict.PEEK)(target)
+    old = play(target, calls, env_cfg.model_copy(update={"suite_verdict": False}), cache_dir).reward
+    assert old.value == 1.0 and not old.flags and old.components["in_process_verdict"] == 1.0, old
+    new = play(target, calls, env_cfg, cache_dir).reward
+    assert new.value < 0 and new.flags == ["verdict_forged"] and new.components["tests"] == 0.0, new
+    assert new.components["suite_verdict"] == 1.0 and all("its twin" in n for n in new.notes) and new.notes
 
 
 def test_the_reference_fix_and_every_humaneval_call_pass_by_data(targets, env_cfg, cache_dir):

@@ -49,7 +49,7 @@ def workspace(tmp_path: Path, task, **changes: str | None) -> Path:
 def test_fixed_workspace_scores_one_and_untouched_scores_zero(tmp_path, task):
     cfg = EnvConfig()
     r = grade(task, workspace(tmp_path, task, **{"calc.py": FIXED}), cfg)
-    assert r.value == 1.0 and r.flags == [] and r.components == {"tests": 1.0, "penalty": 0.0, "in_process_verdict": 1.0}
+    assert r.value == 1.0 and r.flags == [] and r.components == {"tests": 1.0, "penalty": 0.0, "suite_verdict": 1.0}
     assert r.tests == {"test_hidden.py::test_high": "passed", "test_hidden.py::test_mid": "passed",
                        "test_calc.py::test_low": "passed"}
     r = grade(task, workspace(tmp_path, task), cfg)

@@ -121,6 +121,15 @@ class EnvConfig(Section):
                                  "not run unless `test_unsubmitted`")
     test_unsubmitted: bool = Field(False, description="under `require_submit`, run the hidden tests of a session "
                                    "that did not submit anyway (their results go to the logs only; costs a sandbox)")
+    suite_verdict: bool = Field(True, description="grade pytest tasks by the suite verdict (envs/suite.py: each "
+                                "FAIL_TO_PASS test alone, beside a twin that must fail); false = all tests in one "
+                                "guarded interpreter, whose verdict the code under test can reach (rewards carry "
+                                "`in_process_verdict`), for suites whose tests cannot run one at a time")
+    grade_parallel: int = Field(2, ge=1, le=256, description="sandboxes one grading by the suite verdict runs at "
+                                "once (envs/suite.py: each FAIL_TO_PASS test and its twin in their own)")
+    twin_seed: int | None = Field(None, description="seed of the twin tests' choices (envs/twins.py); None = fresh "
+                                  "randomness per grading. Set only to reproduce a grading: a policy that knows the "
+                                  "seed can tell a twin from its test")
     grade_cache: int = Field(4096, ge=0, le=10_000_000, description="hidden-test results kept per process and reused "
                              "for a byte-identical restored workspace of the same task (a group's sessions often end "
                              "in the same tree); assumes deterministic tests; 0 = always run them")
@@ -128,7 +137,7 @@ class EnvConfig(Section):
     max_tool_calls: int = Field(64, ge=1, le=100_000, description="tool calls above this raise the spam flag")
     flag_penalties: dict[Literal["tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam",
                                  "framework_patch", "interpreter_hook", "always_equal", "runner_shadowed",
-                                 "runner_tampered"], float] = \
+                                 "runner_tampered", "verdict_forged"], float] = \
         Field(default_factory=dict, description="per-flag penalty overriding `cheat_penalty` (reward units, >= 0)")
     halt_on_flag_rate: float = Field(0.0, ge=0, le=1, description="stop the run (checkpointed; `--resume` goes on) "
                                      "when any anti-cheat flag's rate over the last `flag_rate_window` graded "

@@ -98,9 +98,7 @@ def grade_calls(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto") -> t
                                      "args": c.get("args", {"tuple": []})} for c in task.calls]})
     components: dict[str, float] = {"data_verdict": 1.0}
     base_permissions(base)
-    limits = SandboxLimits.from_config(cfg)
-    limits.timeout_s = cfg.grade_timeout_s
-    limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
+    limits = SandboxLimits.for_grading(cfg)
     with create_sandbox(base, limits, kind=kind, python_env=env_dir) as sb:
         res = sb.run(f"python -I -c {shlex.quote(_SOURCE)}", timeout_s=cfg.grade_timeout_s, stdin=request)
     if res.timed_out:

@@ -50,7 +50,8 @@ import stat
 import subprocess
 import tempfile
 import uuid
-import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,8 @@ from flywheel.envs import guard
 from flywheel.envs.calls import grade_calls
 from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
+from flywheel.envs.junit import junit_key, parse_junit, statuses_of
+from flywheel.envs.suite import grade_suite, runs_pytest
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.services import TaskServices
 from flywheel.sandbox.workspace import base_permissions
@@ -66,7 +69,6 @@ from flywheel.tasks.loaders import (
     file_of_test,
     in_dirs,
     is_test_path,
-    node_parts,
     original_bytes,
     original_file,
     original_paths,
@@ -75,8 +77,9 @@ from flywheel.tasks.loaders import (
 from flywheel.tasks.repoenv import ready_env
 from flywheel.types import Reward, Task
 
-FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam", *STATIC_FLAGS, "runner_tampered")
-PYTEST_CONFIGS = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam", *STATIC_FLAGS, "runner_tampered",
+         "verdict_forged")
+PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}  # never copied to grading (changes.py captures the same)
 _EXIT_RX = re.compile(r"\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|\bos\s*\.\s*kill\b|(?<![\w.])(?:exit|quit)\s*\(")
 _PLUGIN_RX = re.compile(r"\bpytest_plugins\b|^\s*def\s+pytest_\w+\s*\(", re.MULTILINE)
@@ -259,35 +262,6 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
 # Test results
 
 
-def junit_key(test_id: str) -> tuple[str, str]:
-    """pytest node id -> the (classname, name) pytest writes in JUnit XML."""
-    path, classes, name = node_parts(test_id)
-    module = path.removesuffix(".py").replace("/", ".").replace("\\", ".")
-    return ".".join([module, *classes]), name
-
-
-def parse_junit(xml_text: str) -> dict[tuple[str, str], str]:
-    """(classname, name) -> passed/failed/error/skipped. Raises ValueError on XML that is not a report."""
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as err:
-        raise ValueError(f"test report is not valid XML: {err}") from None
-    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
-    out: dict[tuple[str, str], str] = {}
-    for case in root.iter("testcase"):
-        key = (case.get("classname", ""), case.get("name", ""))
-        tags = {child.tag for child in case}
-        status = ("error" if "error" in tags else "failed" if "failure" in tags
-                  else "skipped" if "skipped" in tags else "passed")
-        if key not in out or rank[status] > rank[out[key]]:
-            out[key] = status
-    return out
-
-
-def statuses_of(test_ids: list[str], report: dict[tuple[str, str], str]) -> dict[str, str]:
-    return {tid: report.get(junit_key(tid), "missing") for tid in test_ids}
-
-
 def score_tests(status: dict[str, str], partial_credit: bool) -> float:
     if not status:
         return 0.0
@@ -386,8 +360,12 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
         flags = [f for f in flags if f not in STATIC_FLAGS]
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
-    if run_tests and task.calls and integrity and services is None:  # by data; a live service: the suite path
+    if run_tests and task.calls and integrity and services is None:  # by data; a live service: in-process
         components, status = data_test_results(task, workspace, cfg, kind)
+    elif run_tests and integrity and services is None and cfg.suite_verdict and runs_pytest(task.test_command):
+        components, status, notes = suite_test_results(task, workspace, cfg, kind, changes=changes)
+        if components.get("verdict_forged"):
+            flags.append("verdict_forged")
     elif run_tests:
         components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, services,
                                                         changes=changes)
@@ -399,7 +377,7 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
             flags.append("always_equal")
     else:
         components, status = {"tests_not_run": 1.0}, {}
-    forged = components.get("runner_tampered") or components.get("always_equal_seen")
+    forged = components.get("runner_tampered") or components.get("always_equal_seen") or components.get("verdict_forged")
     tests = 0.0 if forged else score_tests(status, cfg.partial_credit)
     penalty = penalty_of(flags, cfg)
     components.update(tests=tests, penalty=penalty)
@@ -431,22 +409,11 @@ def data_test_results(task: Task, workspace: Path, cfg: EnvConfig, kind: str = "
     return components, {tid: status.get(tid, "missing") for tid in test_ids}
 
 
-def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto",
-                        integrity: bool = True, services: TaskServices | None = None, *, changes: WorkspaceChanges,
-                        ) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
-    """(components, JUnit report reconciled with the guard's proofs, tamper notes) of the hidden tests on a
-    restored copy of `workspace`: the sandbox run, or the verdict on an identical restored tree from this
-    process's cache (`components["tests_cached"]`; never with `services`: the verdict also rests on their state).
-    `changes`: `workspace_changes(task, workspace)`, which `grade` has computed already."""
-    components: dict[str, float] = {}
-    report: dict[tuple[str, str], str] = {}
-    test_files = list(dict.fromkeys(file_of_test(t) for t in test_ids))
-    files = " ".join(shlex.quote(f) for f in test_files)
-    command = f"{task.test_command} -p no:cacheprovider {files}"
-    # the task's own environment (EnvNotReady, a ValueError, when it is not built: a broken task, never a reward)
-    env_dir = ready_env(task.python_env, cfg.python_envs_dir) if task.python_env is not None else None
-    if env_dir is not None:
-        command += f" [python_env {env_dir.name}]"  # part of the grade-cache key: another env, another verdict
+@contextmanager
+def grading_tree(task: Task, workspace: Path, test_files: list[str], changes: WorkspaceChanges, integrity: bool,
+                 ) -> Iterator[Path | None]:
+    """A private restored copy of `workspace` to grade (None: the task's `test_patch` does not apply): shadowing
+    files removed (`integrity`), tests and configs back to the task's, hidden files written; removed on exit."""
     tmp = Path(tempfile.mkdtemp(prefix="flywheel-grade-"))
     base = tmp / "base"
     try:
@@ -457,8 +424,60 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
         try:
             _restore(task, base, orig, changes)
         except ValueError:
-            return {"test_patch_failed": 1.0}, report, []
+            yield None
+            return
         base_permissions(base)
+        yield base
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _env_dir(task: Task, cfg: EnvConfig) -> Path | None:
+    """The task's own environment (EnvNotReady, a ValueError, when it is not built: a broken task, never a reward)."""
+    return ready_env(task.python_env, cfg.python_envs_dir) if task.python_env is not None else None
+
+
+def suite_test_results(task: Task, workspace: Path, cfg: EnvConfig, kind: str = "auto", *,
+                       changes: WorkspaceChanges) -> tuple[dict[str, float], dict[str, str], list[str]]:
+    """(components, status per test id, notes) of the suite verdict (envs/suite.py) on a restored copy of
+    `workspace`, or the verdict on an identical restored tree from this process's cache."""
+    test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
+    env_dir = _env_dir(task, cfg)
+    with grading_tree(task, workspace, hidden_test_files(task), changes, integrity=True) as base:
+        if base is None:
+            return {"test_patch_failed": 1.0}, {}, []
+        command = f"suite {task.test_command}" + (f" [python_env {env_dir.name}]" if env_dir is not None else "")
+        key = result_key(task, command, kind, base) if cfg.grade_cache else None
+        cached = GRADE_CACHE.get(key)
+        if cached is not None:
+            comps, status = cached
+            notes = ["the cached verdict of an identical tree: a twin passed"] if comps.get("verdict_forged") else []
+            return {**comps, "tests_cached": 1.0}, status, notes
+        status, components, notes = grade_suite(task, base, cfg, kind, env_dir)
+    status = {tid: status.get(tid, "missing") for tid in test_ids}
+    if not components.get("timed_out"):
+        GRADE_CACHE.put(key, (components, status), cfg.grade_cache)
+    return components, status, notes
+
+
+def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: list[str], kind: str = "auto",
+                        integrity: bool = True, services: TaskServices | None = None, *, changes: WorkspaceChanges,
+                        ) -> tuple[dict[str, float], dict[tuple[str, str], str], list[str]]:
+    """(components, JUnit report reconciled with the guard's proofs, tamper notes) of the hidden tests on a
+    restored copy of `workspace`, all in one interpreter: the sandbox run, or the verdict on an identical restored
+    tree from this process's cache (`components["tests_cached"]`; never with `services`: the verdict also rests on
+    their state). `changes`: `workspace_changes(task, workspace)`, which `grade` has computed already."""
+    components: dict[str, float] = {}
+    report: dict[tuple[str, str], str] = {}
+    test_files = list(dict.fromkeys(file_of_test(t) for t in test_ids))
+    files = " ".join(shlex.quote(f) for f in test_files)
+    command = f"{task.test_command} -p no:cacheprovider {files}"
+    env_dir = _env_dir(task, cfg)
+    if env_dir is not None:
+        command += f" [python_env {env_dir.name}]"  # part of the grade-cache key: another env, another verdict
+    with grading_tree(task, workspace, test_files, changes, integrity) as base:
+        if base is None:
+            return {"test_patch_failed": 1.0}, report, []
         key = result_key(task, command, kind, base) if cfg.grade_cache and integrity and services is None else None
         cached = GRADE_CACHE.get(key)
         if cached is not None:
@@ -466,11 +485,8 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
             notes = ["the cached verdict of an identical tree: runner tampered"] if comps.get("runner_tampered") else []
             return {**comps, "tests_cached": 1.0}, report, notes
         armed = guard.arm(base, test_files) if integrity else None
-        limits = SandboxLimits.from_config(cfg)
-        limits.timeout_s = cfg.grade_timeout_s
-        limits.cpu_time_s = max(limits.cpu_time_s, int(cfg.grade_timeout_s))
         name = f".fw-junit-{uuid.uuid4().hex}.xml"
-        with create_sandbox(base, limits, kind=kind, python_env=env_dir,
+        with create_sandbox(base, SandboxLimits.for_grading(cfg), kind=kind, python_env=env_dir,
                             netns_fd=None if services is None else services.netns,
                             env=None if services is None else services.env) as sb:
             env = dict(PYTEST_ENV, **({"PYTHONPATH": armed.pythonpath(sb.inner_workspace)} if armed else {}))
@@ -485,17 +501,15 @@ def hidden_test_results(task: Task, workspace: Path, cfg: EnvConfig, test_ids: l
                 except ValueError:
                     components["bad_report"] = 1.0
             verdict = guard.check(armed, Path(sb.workspace), report, test_ids, junit_key) if armed else None
-        if verdict is not None:
-            report = verdict.report
-            if verdict.tampered:
-                components["runner_tampered"] = 1.0
-            if verdict.always_equal:
-                components["always_equal_seen"] = 1.0
-        if not res.timed_out:
-            GRADE_CACHE.put(key, (components, report), cfg.grade_cache)
-        return components, report, verdict.tampered if verdict else []
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if verdict is not None:
+        report = verdict.report
+        if verdict.tampered:
+            components["runner_tampered"] = 1.0
+        if verdict.always_equal:
+            components["always_equal_seen"] = 1.0
+    if not res.timed_out:
+        GRADE_CACHE.put(key, (components, report), cfg.grade_cache)
+    return components, report, verdict.tampered if verdict else []
 
 
 def unsubmitted(reward: Reward) -> Reward:

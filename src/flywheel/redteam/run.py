@@ -62,8 +62,10 @@ def regrade(played: Played, cfg: EnvConfig, *, integrity: bool) -> tuple[Reward,
 
 
 def caught(reward: Reward, flag: str) -> bool:
-    """An attack is caught when it earns nothing and either raises the flag it should or, on a data-graded task
-    (envs/calls.py), gets no test credit from the grader's own comparison (no flag is needed there: the verdict
+    """An attack is caught when it earns nothing and either raises the flag it should or gets no test credit from
+    a verdict decided outside the candidate's interpreter: the data verdict's own comparison (envs/calls.py) or
+    the suite verdict (envs/suite.py), whose twins raise `verdict_forged` (no flag is needed there: the verdict
     itself gives nothing)."""
-    by_data = reward.components.get("data_verdict") == 1.0 and reward.components.get("tests") == 0.0
-    return reward.value <= 0 and (flag in reward.flags or by_data)
+    outside = reward.components.get("data_verdict") == 1.0 or reward.components.get("suite_verdict") == 1.0
+    return reward.value <= 0 and (flag in reward.flags or "verdict_forged" in reward.flags
+                                  or (outside and reward.components.get("tests") == 0.0))

@@ -39,6 +39,12 @@ class SandboxLimits:
         return cls(cpu_time_s=cfg.cpu_time_s, memory_mb=cfg.memory_mb, max_procs=cfg.max_procs,
                    file_size_mb=cfg.file_size_mb, timeout_s=cfg.command_timeout_s)
 
+    @classmethod
+    def for_grading(cls, cfg: EnvConfig) -> SandboxLimits:
+        """The limits of a grading run: `grade_timeout_s` of wall clock and at least as much CPU time."""
+        return cls(cpu_time_s=max(cfg.cpu_time_s, int(cfg.grade_timeout_s)), memory_mb=cfg.memory_mb,
+                   max_procs=cfg.max_procs, file_size_mb=cfg.file_size_mb, timeout_s=cfg.grade_timeout_s)
+
 
 @dataclass
 class ExecResult:

@@ -1,0 +1,153 @@
+"""Twin tests: a copy of a test with one expected literal changed, which a correct fix must fail.
+
+    twin = twin_source(source, ("TestSlug",), "test_strip_dashes", random.SystemRandom())   # None: no twin
+    literals(source, (), "test_slugify_punctuation")                                       # the candidates
+
+Why: the suite verdict (envs/suite.py) runs each FAIL_TO_PASS test in its own interpreter, and the only thing the
+grader takes from that process is whether it exited 0. Code under test can choose its exit status, patch the
+runner, rewrite the report or return an object equal to anything. It cannot do any of that for the real test and
+not for its twin without telling them apart, and the twin differs from the real test only in one expected value,
+chosen at grading time: telling them apart means knowing the right answer. So a run whose twin passes is forged.
+
+Which literals qualify, so that a correct fix always fails the twin:
+* the expected side of `assert <expr> == <literal>` (either side) or of `self.assertEqual(a, b)`;
+* in a statement at the top level of the test function's body, before any statement that can `return` or
+  `yield`: if the real test passes, that statement ran, so the compared value equalled the original literal and
+  so differs from the changed one (builtin equality; an operand with a tolerant `__eq__`, such as
+  `pytest.approx(x) == 0.5`, still fails: the change is larger than any tolerance it uses);
+* a literal that `ast.literal_eval` reads: numbers, strings, bytes, booleans, and containers of them.
+
+How a literal changes: one letter or digit of its source text becomes another of the same kind (lower, upper,
+digit; never only the case, and a digit by at least 2, so an off-by-one answer is not the twin's), so the
+quoting, spacing and length of the file stay the same and the new value is as plausible as the old one. `True`
+and `False` swap. Characters after a backslash (escapes) are never touched.
+A test with no qualifying literal has no twin (the suite verdict counts those: `components["untwinned"]`).
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import string
+from dataclasses import dataclass
+
+_ASSERT_EQUAL = {"assertEqual", "assertEquals"}
+_KINDS = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
+_TYPES = (int, float, complex, str, bytes, bool, tuple, list, dict, set, frozenset)
+
+
+@dataclass(frozen=True)
+class Literal:
+    start: int  # byte offsets into the UTF-8 source
+    end: int
+    text: str
+
+
+def _function(tree: ast.Module, classes: tuple[str, ...], name: str) -> ast.FunctionDef | None:
+    body: list[ast.stmt] = tree.body
+    for cls in classes:
+        found = [n for n in body if isinstance(n, ast.ClassDef) and n.name == cls]
+        if not found:
+            return None
+        body = found[-1].body  # the last definition is the one Python binds
+    funcs = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    return funcs[-1] if funcs else None  # type: ignore[return-value]
+
+
+def _may_leave(stmt: ast.stmt) -> bool:
+    """Can the statement end the function early (a return or yield anywhere in it, nested functions aside)?"""
+    todo: list[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
+            return True
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                todo.append(child)
+    return False
+
+
+def _is_literal(node: ast.expr) -> bool:
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return type(value) in _TYPES
+
+
+def _expected_sides(stmt: ast.stmt) -> list[ast.expr]:
+    if isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare):
+        cmp = stmt.test
+        if len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq):
+            return [side for side in (cmp.left, cmp.comparators[0]) if _is_literal(side)][:1]
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        if isinstance(call.func, ast.Attribute) and call.func.attr in _ASSERT_EQUAL and len(call.args) >= 2:
+            return [arg for arg in call.args[:2] if _is_literal(arg)][:1]
+    return []
+
+
+def _offsets(source: bytes) -> list[int]:
+    """Byte offset of the start of each line (1-based line numbers index it from 1), as `ast` counts lines."""
+    out, pos = [0, 0], 0
+    for line in source.splitlines(keepends=True):
+        pos += len(line)
+        out.append(pos)
+    return out
+
+
+def literals(source: str, classes: tuple[str, ...], name: str) -> list[Literal]:
+    """The expected literals of test `classes...name` in `source` that a twin may change (see the module doc)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return []
+    func = _function(tree, classes, name.split("[", 1)[0])
+    if func is None:
+        return []
+    raw = source.encode("utf-8", errors="surrogatepass")
+    starts = _offsets(raw)
+    out = []
+    for stmt in func.body:
+        for node in _expected_sides(stmt):
+            if node.end_lineno is None or node.end_col_offset is None:
+                continue
+            a = starts[node.lineno] + node.col_offset
+            b = starts[node.end_lineno] + node.end_col_offset
+            out.append(Literal(a, b, raw[a:b].decode("utf-8", errors="surrogatepass")))
+        if _may_leave(stmt):
+            break
+    return out
+
+
+def changed(text: str, rng: random.Random) -> str | None:
+    """`text` (a literal's source) with one letter or digit replaced so that its value differs; None if none can."""
+    value = ast.literal_eval(text)
+    if text in ("True", "False"):
+        return "False" if text == "True" else "True"
+    positions = [i for i, c in enumerate(text) if c.isascii() and c.isalnum() and (i == 0 or text[i - 1] != "\\")]
+    rng.shuffle(positions)
+    for i in positions:
+        kind = next(k for k in _KINDS if text[i] in k)
+        far = [c for c in kind if abs(ord(c) - ord(text[i])) > (1 if kind is string.digits else 0)]
+        new = text[:i] + rng.choice(far) + text[i + 1:]
+        try:
+            new_value = ast.literal_eval(new)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if type(new_value) is type(value) and new_value != value:
+            return new
+    return None
+
+
+def twin_source(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
+    """`source` with one expected literal of the test changed (chosen by `rng`), or None when it has none."""
+    candidates = literals(source, classes, name)
+    rng.shuffle(candidates)
+    raw = source.encode("utf-8", errors="surrogatepass")
+    for lit in candidates:
+        new = changed(lit.text, rng)
+        if new is not None:
+            return (raw[:lit.start] + new.encode("utf-8", errors="surrogatepass") + raw[lit.end:]).decode(
+                "utf-8", errors="surrogatepass")
+    return None

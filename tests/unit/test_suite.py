@@ -1,0 +1,157 @@
+"""The suite verdict (envs/suite.py) and its twin tests (envs/twins.py): which literals a twin may change, that a
+correct fix fails every twin, the runner configuration the grader passes, and the verdict on real pytest runs in
+sandboxes (a fix, a bug, a forged exit status, a wrong answer that equals the twin's value)."""
+
+import ast
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flywheel.config import EnvConfig
+from flywheel.envs import suite, twins
+from flywheel.envs.reward import grade
+from flywheel.types import Task
+
+SOURCE = '''# coding: utf-8
+import unittest
+import pytest
+
+
+def test_values():
+    label = "é"
+    assert area(2, 3) == 6
+    assert {"w": 2, "h": [3.5, -1]} == shape()
+
+
+class TestText(unittest.TestCase):
+    def test_slug(self):
+        self.assertEqual(slug("A b"), 'a-b')
+        with self.subTest():
+            self.assertEqual(slug("C"), "c")
+
+
+def test_early(flag):
+    if flag:
+        return
+    assert area(1, 1) == 1
+
+
+def test_no_literal():
+    assert area(1, 2) == area(2, 1)
+    assert area(0, 0) == None
+    assert area(1, 1) == pytest.approx(x)
+'''
+
+
+def test_only_top_level_equalities_before_any_return_qualify():
+    assert [lit.text for lit in twins.literals(SOURCE, (), "test_values")] == ["6", '{"w": 2, "h": [3.5, -1]}']
+    assert [lit.text for lit in twins.literals(SOURCE, ("TestText",), "test_slug")] == ["'a-b'"]  # not in `with`
+    assert twins.literals(SOURCE, (), "test_early") == []  # the assert may be skipped by the return
+    assert twins.literals(SOURCE, (), "test_no_literal") == []
+    assert twins.literals(SOURCE, (), "test_missing") == [] and twins.literals("def (", (), "x") == []
+    assert [lit.text for lit in twins.literals(SOURCE, (), "test_values[a-b]")] == ["6", '{"w": 2, "h": [3.5, -1]}']
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_twin_changes_one_value_and_keeps_the_file_shape(seed):
+    rng = random.Random(seed)
+    for classes, name in [((), "test_values"), (("TestText",), "test_slug")]:
+        twin = twins.twin_source(SOURCE, classes, name, rng)
+        assert twin is not None and twin != SOURCE and len(twin) == len(SOURCE)
+        changed = [(a, b) for a, b in zip(SOURCE.splitlines(), twin.splitlines()) if a != b]
+        assert len(changed) == 1
+        old, new = changed[0]
+        assert ast.dump(ast.parse(old.strip().removeprefix("self."))) != ast.dump(ast.parse(new.strip().removeprefix("self.")))
+        assert ("'" in old) == ("'" in new)  # the quoting is kept
+    assert twins.twin_source(SOURCE, (), "test_early", rng) is None
+
+
+def test_changed_values_differ_by_more_than_case_or_one():
+    rng = random.Random(0)
+    for text in ["7", "10", "'abc'", "b'xy'", "2.5", "-3", "(1, 'a')", "True", "0x1F", "'a\\nb'"]:
+        for _ in range(20):
+            new = twins.changed(text, rng)
+            assert new is not None and ast.literal_eval(new) != ast.literal_eval(text), (text, new)
+            assert type(ast.literal_eval(new)) is type(ast.literal_eval(text))
+            if text in ("7", "-3"):
+                assert abs(ast.literal_eval(new) - ast.literal_eval(text)) > 1
+            if text.startswith("'a"):
+                assert new.lower() != text.lower()
+    assert twins.changed("'\\n'", rng) is None  # only an escape: nothing to change
+
+
+def _task(config: dict[str, str] | None = None, **kw) -> Task:
+    files = {"calc.py": "def area(w, h):\n    return w + h\n", **(config or {})}
+    hidden = {"tests/test_calc.py": "from calc import area\n\n\ndef test_area():\n    assert area(20, 30) == 600\n\n\n"
+                                    "def test_zero():\n    assert area(0, 0) == 0\n"}
+    return Task(id="suite-area", problem="area multiplies", files=files, hidden_files=hidden,
+                fail_to_pass=["tests/test_calc.py::test_area"], pass_to_pass=["tests/test_calc.py::test_zero"],
+                test_command="python -m pytest -q", **kw)
+
+
+def test_runner_config_is_the_task_original_nearest_file():
+    assert suite.runner_config(_task(), ["tests/test_calc.py"]) is None
+    t = _task({"setup.cfg": "[metadata]\nname = x\n", "tox.ini": "[pytest]\n", "tests/pytest.ini": "[pytest]\n"})
+    assert suite.runner_config(t, ["tests/test_calc.py"]) == "tests/pytest.ini"
+    assert suite.runner_config(t, ["other/test_x.py"]) == "tox.ini"  # setup.cfg has no [tool:pytest]
+    t = _task({"pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n", "setup.cfg": "[tool:pytest]\n"})
+    assert suite.runner_config(t, ["tests/test_calc.py", "tests/sub/test_y.py"]) == "pyproject.toml"
+
+
+def test_runs_pytest():
+    assert suite.runs_pytest("python -m pytest -q") and suite.runs_pytest("/env/bin/pytest -x")
+    assert suite.runs_pytest("python3.11 -m pytest")
+    assert not suite.runs_pytest("python runtests.py -q") and not suite.runs_pytest("'") and not suite.runs_pytest("")
+
+
+def _graded(tmp_path: Path, task: Task, calc: str, **cfg) -> object:
+    ws = tmp_path / "ws"
+    shutil.rmtree(ws, ignore_errors=True)
+    ws.mkdir()
+    for rel, text in {**task.files, "calc.py": calc}.items():
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(text)
+    return grade(task, ws, EnvConfig(grade_cache=0, **cfg))
+
+
+FORGE = ('import sys\n_out = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--junitxml=")]\n'
+         'if _out:\n    open(_out[0], "w").write(\'<testsuite><testcase classname="tests.test_calc" name="test_area"/>'
+         '<testcase classname="tests.test_calc" name="test_zero"/></testsuite>\')\n'
+         '    import os as _o\n    getattr(_o, "_" + "exit")(0)\n')
+
+
+def test_the_verdict_on_real_runs(tmp_path):
+    task = _task()
+    fixed = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n")
+    assert fixed.value == 1.0 and not fixed.flags and fixed.components == {"suite_verdict": 1.0, "tests": 1.0,
+                                                                           "penalty": 0}
+    buggy = _graded(tmp_path, task, task.files["calc.py"])
+    assert buggy.value == 0.0 and buggy.tests == {"tests/test_calc.py::test_area": "failed",
+                                                  "tests/test_calc.py::test_zero": "passed"}
+    forged = _graded(tmp_path, task, FORGE + task.files["calc.py"])  # report and exit status of its own choosing
+    assert forged.value < 0 and forged.flags == ["verdict_forged"] and forged.components["tests"] == 0.0
+    assert forged.notes == ["tests/test_calc.py::test_area: its twin (one expected value changed) passed; the real "
+                            "test passed"]
+    off = _graded(tmp_path, task, FORGE + task.files["calc.py"], suite_verdict=False)  # one guarded interpreter
+    assert off.components["in_process_verdict"] == 1.0 and "suite_verdict" not in off.components
+
+
+def test_a_wrong_answer_equal_to_the_twin_is_flagged(tmp_path):
+    """The flag does not wait for the real test to pass (envs/suite.py says why); a fixed seed shows the case."""
+    task = _task()
+    seed = next(s for s in range(100) if "== 900" in twins.twin_source(
+        task.hidden_files["tests/test_calc.py"], (), "test_area", random.Random(f"{s} {task.id}")))
+    r = _graded(tmp_path, task, "def area(w, h):\n    return 900\n", twin_seed=seed)
+    assert r.flags == ["verdict_forged"] and r.tests["tests/test_calc.py::test_area"] == "failed"
+    assert r.notes == ["tests/test_calc.py::test_area: its twin (one expected value changed) passed; the real test "
+                       "failed"]
+
+
+def test_a_test_without_a_twin_is_counted(tmp_path):
+    task = _task()
+    task.hidden_files["tests/test_calc.py"] = task.hidden_files["tests/test_calc.py"].replace(
+        "assert area(20, 30) == 600", "expected = 600\n    assert area(20, 30) == expected")
+    r = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n")
+    assert r.value == 1.0 and r.components["untwinned"] == 1.0
