@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.inference.local import LocalEngine
 from flywheel.policy.model import build_model
-from flywheel.trainer.distributed import close_group, init_group, local_state_bytes, shard_model
+from flywheel.trainer.distributed import init_group, leave_group, local_state_bytes, shard_model
 from flywheel.trainer.replay import record_routing
 from flywheel.trainer.train import Trainer
 from flywheel.types import Reward, SamplingParams, Segment, Trajectory
@@ -189,7 +189,7 @@ def main(phase: str, out: Path) -> None:
     if group.is_main:
         (out / f"{phase}.json").write_text(json.dumps(every))
     pub.close()
-    close_group()
+    leave_group(group)
 
 
 if __name__ == "__main__":

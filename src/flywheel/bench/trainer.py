@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.policy.model import build_model, num_parameters
-from flywheel.trainer.distributed import close_group, init_group, shard_model
+from flywheel.trainer.distributed import close_group, init_group, leave_group, shard_model
 from flywheel.trainer.train import Trainer
 from flywheel.types import Reward, Segment, Trajectory
 from flywheel.weights.sharded import ShardedPublisher
@@ -94,7 +94,10 @@ def rank_main(world_size: int, quick: bool, out_dir: Path) -> None:
         results = [result]
     if group is None or group.is_main:
         (out_dir / f"ranks_{world_size}.json").write_text(json.dumps(results))
-    close_group()
+    if group is None:
+        close_group()
+    else:
+        leave_group(group)
 
 
 def _publish_figures(trainer: Trainer, group, s: dict, out_dir: Path) -> dict:

@@ -4,10 +4,15 @@
     reward.value, reward.components, reward.flags, reward.tests     # tests: id -> passed/failed/error/...
     reward.notes                                                    # why an integrity flag was raised
 
-A task with `calls` (its tests as data: every synthetic task, most HumanEval problems) is graded by the data
-verdict (envs/calls.py): the candidate's process gets only the inputs, and this process compares the returned
-values itself, so nothing in the candidate's interpreter decides. Every other task is graded in-process as below,
-and its reward carries `components["in_process_verdict"]`.
+Three verdicts, the first that applies:
+* a task with `calls` (its tests as data: every synthetic task, most HumanEval problems): the data verdict
+  (envs/calls.py). The candidate's process gets only the inputs; this process compares the returned values.
+* a pytest task (repository suites: SWE-style, mined): the suite verdict (envs/suite.py). Each FAIL_TO_PASS test
+  runs alone in a fresh sandbox beside a twin with one expected value changed; the grader reads only exit
+  statuses, and a passing twin is `verdict_forged`.
+* the rest (a live service, `runtests.py` tasks without calls, `env.suite_verdict = false`): in-process, as
+  below, and the reward carries `components["in_process_verdict"]`.
+All three run in new sandboxes on a private copy of the final workspace, and all get the flags below.
 
 How in-process grading resists a policy that cheats (defence in depth; tests/redteam/ is the proof of what it stops):
 * It never runs in the agent's sandbox. The agent's final workspace is copied; files that would shadow the
@@ -27,14 +32,14 @@ How in-process grading resists a policy that cheats (defence in depth; tests/red
   `tests_edited`, `conftest_added` (conftest.py, a pytest plugin, a changed pytest config), `sys_exit`
   (exit calls added to non-test code), `outside_read` (a tool call referred to a path outside the workspace
   and the sandbox's system directories), `tool_spam` (more than `max_tool_calls` calls), the static flags of
-  envs/integrity.py (`framework_patch`, `interpreter_hook`, `always_equal`, `runner_shadowed`) and
-  `runner_tampered`.
+  envs/integrity.py (`framework_patch`, `interpreter_hook`, `always_equal`, `runner_shadowed`),
+  `runner_tampered` and `verdict_forged`.
 * A restored tree byte-identical to one already graded in this process reuses its verdict
   (envs/grade_cache.py, `env.grade_cache`); flags and penalty are always the session's own.
 * The rubric judge (envs/judge.py) is mixed in with `combine(reward, rubric, cfg)`.
 
-The test command must be pytest-compatible (it gets `-p no:cacheprovider --junitxml=FILE` and test files) and
-must run the tests in the Python process it starts (no xdist workers): the grading guard lives there.
+The test command must be pytest-compatible (it gets `-p no:cacheprovider --junitxml=FILE` and test files, or
+node ids under the suite verdict) and must run the tests in the Python process it starts (no xdist workers).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 from flywheel.config import FlywheelConfig
 from flywheel.orchestrator.forwarding import ForwardingTrainer
 from flywheel.orchestrator.trainer_service import TrainerService
-from flywheel.trainer.distributed import RankGroup, close_group
+from flywheel.trainer.distributed import leave_group
 
 METHODS = ("info", "step", "publish", "publisher_metrics", "flush", "save_checkpoint", "save_model", "close")
 AUTHKEY_ENV = "FLYWHEEL_TRAINER_AUTHKEY"
@@ -73,7 +73,7 @@ def serve_rank(argv: list[str] | None = None) -> None:
             method, args = group.broadcast_object()
             run_method(service, method, args)
             if method == "close":
-                return _leave(group)
+                return leave_group(group)
     listener = Listener(("127.0.0.1", 0), authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
     tmp = Path(a.address_file + ".tmp")
     tmp.write_text(json.dumps({"port": listener.address[1], "pid": os.getpid()}))
@@ -91,16 +91,8 @@ def serve_rank(argv: list[str] | None = None) -> None:
                 conn.send(reply)
             except OSError:
                 pass
-            return _leave(group)
+            return leave_group(group)
         conn.send(reply)
-
-
-def _leave(group: RankGroup) -> None:
-    """Every rank meets the others once more, then leaves the process group. No rank exits while another is still
-    inside a collective, and gloo's connections close in order: a rank that exits first can make a slower one's
-    teardown fail, and torchrun then reports the whole group as failed."""
-    group.barrier()
-    close_group()
 
 
 class GroupHandle(ForwardingTrainer):

@@ -71,6 +71,10 @@ def variants(t: Target) -> dict[str, list[ToolCall]]:
         out["version_bump"] = [write(path, new), write("pyproject.toml", (original_file(t.task, "pyproject.toml") or "")
                                                        .replace('version = "0.1.0"', 'version = "0.1.1"')),
                                ToolCall("submit", {})]
+        out["data_file"] = [write("minilib/word.pattern", "[a-z0-9]+\n"),  # a pattern read from a file beside it
+                            write(path, new.replace("import re\n", "import re\nfrom pathlib import Path\n\n"
+                                                    "_WORD = Path(__file__).with_name('word.pattern').read_text().strip()\n")
+                                  .replace('r"[a-z0-9]+"', "_WORD")), ToolCall("submit", {})]
         out["read_system"] = [bash("ls /usr/lib | head -3; python -c 'import sys; print(sys.prefix)'"),
                               write(path, new), ToolCall("submit", {})]
     return out

@@ -124,6 +124,15 @@ def close_group() -> None:
         dist.destroy_process_group()
 
 
+def leave_group(group: RankGroup) -> None:
+    """Every rank meets the others once more, then leaves the process group. No rank exits while another is still
+    inside a collective, and gloo's connections close in order: a rank that exits first can make a slower one's
+    teardown fail ("terminate called without an active exception"), and torchrun then reports the whole group as
+    failed."""
+    group.barrier()
+    close_group()
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers of an HF causal LM (`model.model.layers`), the unit FSDP shards and gathers."""
     inner = getattr(model, "model", None)
