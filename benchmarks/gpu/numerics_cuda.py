@@ -108,7 +108,7 @@ def pad8_linear(x, weight, bias=None):
 
 def measure(preset: str, dtype: str, device) -> dict:
     from flywheel.config import ModelConfig
-    from flywheel.numerics.batch_invariant import BatchInvariantForward
+    from flywheel.modeling.batch_invariant import BatchInvariantForward
     from flywheel.policy.model import build_model
 
     model = build_model(ModelConfig(preset=preset, dtype=dtype, max_seq_len=1024), vocab_size=2048).to(device).eval()
@@ -118,8 +118,8 @@ def measure(preset: str, dtype: str, device) -> dict:
     lengths = [64 + (37 * i) % 448 for i in range(16)]
     seqs = _batches(lengths, 2048, seed=1)
     out: dict = {"preset": preset, "dtype": dtype, "lengths": lengths}
-    import flywheel.numerics.qwen3 as qwen3
-    import flywheel.numerics.batch_invariant as bi
+    import flywheel.modeling.batch_invariant as bi
+    import flywheel.modeling.decoder as qwen3
 
     original = qwen3.linear
     for mode in modes:

@@ -281,18 +281,18 @@ def test_stop_aborts_waiting_requests(tiny):
 
 
 def test_generic_hf_path_for_other_architectures():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=128)).eval()
+    from flywheel.modeling.hf_runner import HFRunner
+
+    torch.manual_seed(0)  # GPT-2: not a family of the native registry (modeling/families.py)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=128)).eval()
     prompts = _prompts(3, seed=19, hi=20)
     prompts = [[t % 512 for t in p] for p in prompts]
 
     async def main():
         async with build_engine(InferenceConfig(max_batch_size=8), model) as engine:
-            assert not engine.is_native
+            assert isinstance(engine.runner, HFRunner) and engine.prefix_cache is None
             return await _together(engine, prompts, [SamplingParams(max_new_tokens=6, **GREEDY)] * 3)
 
     for p, g in zip(prompts, asyncio.run(main())):

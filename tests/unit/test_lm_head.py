@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from flywheel.bench.mismatch import _serve, _step, _trajectories
 from flywheel.config import ModelConfig
-from flywheel.numerics.lm_head import has_fp32_lm_head, use_fp32_lm_head
+from flywheel.modeling.lm_head import has_fp32_lm_head, use_fp32_lm_head
 from flywheel.policy.model import build_model
 from flywheel.types import SamplingParams
 

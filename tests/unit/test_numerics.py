@@ -11,9 +11,9 @@ import torch
 
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.inference.local import LocalEngine
-from flywheel.numerics.attention import ATTN_TILE, key_span, sequence_attention
-from flywheel.numerics.batch_invariant import BatchInvariantForward
-from flywheel.numerics.qwen3 import Qwen3Runner
+from flywheel.modeling.attention import ATTN_TILE, key_span, sequence_attention
+from flywheel.modeling.batch_invariant import BatchInvariantForward
+from flywheel.modeling.decoder import DecoderRunner
 from flywheel.policy.logprobs import logprobs_from_logits, token_logprobs
 from flywheel.policy.model import build_model
 from flywheel.trainer.mismatch import mismatch_metrics
@@ -94,7 +94,7 @@ def test_engine_alone_in_a_batch_of_32_and_trainer_are_bit_identical(models, pre
 def test_prefill_and_decode_give_the_same_logits_across_tile_boundaries(models):
     model = models["tiny"]
     ids = _prompts(1, seed=2, lo=ATTN_TILE + 10, hi=ATTN_TILE + 10)[0]
-    runner = Qwen3Runner(model, 512, batch_invariant=True)
+    runner = DecoderRunner(model, 512, batch_invariant=True)
     start = ATTN_TILE - 3  # decode positions 61..73 cross the tile at 64
     cache = runner.new_cache(len(ids))
     runner.prefill(ids[:start], cache)
@@ -163,7 +163,7 @@ def test_replay_in_batch_invariant_forward(models):
 def test_router_agreement_per_layer_is_hand_computed():
     model = build_model(ModelConfig(preset="tiny-moe"), vocab_size=64)
     prompt, comp = [5, 6, 7, 8], [9, 10, 11]
-    runner = Qwen3Runner(model, 64)
+    runner = DecoderRunner(model, 64)
     routed = []
     for i in range(len(comp)):  # the routing of the forward that produced token i
         routed.append(runner.prefill(prompt + comp[:i], runner.new_cache(8))[1].tolist())
@@ -197,14 +197,13 @@ def test_bad_configurations_are_refused(models):
     bf16 = copy.deepcopy(models["tiny"]).to(torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
         BatchInvariantForward(bf16)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
-    with pytest.raises(ValueError, match="Qwen3"):
-        LocalEngine(llama, batch_invariant=True)
-    with pytest.raises(ValueError, match="Qwen3"):
-        Trainer(llama, TrainerConfig(), batch_invariant=True)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64))  # no family
+    with pytest.raises(ValueError, match="'gpt2' is not in the native registry"):
+        LocalEngine(gpt2, batch_invariant=True)
+    with pytest.raises(ValueError, match="'gpt2' is not in the native registry"):
+        Trainer(gpt2, TrainerConfig(), batch_invariant=True)
     with pytest.raises(ValueError, match="batch, tokens"):
         BatchInvariantForward(models["tiny"])(torch.zeros(5, dtype=torch.long))
 
@@ -212,7 +211,7 @@ def test_bad_configurations_are_refused(models):
 def test_chunked_pv_and_decode_attention_are_extension_invariant():
     """A query reduced over more keys than its span (masked, finite) gets the same bits: what lets a decode
     step attend over the longest span of its batch, in place on the KV pool."""
-    from flywheel.numerics.attention import chunked_pv, decode_attention
+    from flywheel.modeling.attention import chunked_pv, decode_attention
 
     g = torch.Generator().manual_seed(6)
     for pos, extra in [(70, 64), (191, 256), (200, 192), (255, 448), (300, 64)]:
@@ -237,7 +236,7 @@ def test_default_decode_attends_over_the_pool_with_holes_and_detach_frees_the_sl
     """Default mode: one masked SDPA call per layer over the pool's slot range (rows at slots 0 and 2, slot 1
     given back by `detach`), each row attending over its own length only: the HF forward's logits."""
     model = models["tiny"]
-    runner = Qwen3Runner(model, 512)
+    runner = DecoderRunner(model, 512)
     prompts = _prompts(3, seed=9, lo=20, hi=70)
     caches = [runner.new_cache(len(p) + 8) for p in prompts]
     for p, c in zip(prompts, caches):
@@ -256,7 +255,7 @@ def test_default_decode_attends_over_the_pool_with_holes_and_detach_frees_the_sl
 def test_kv_pool_slots_growth_release_and_decode_with_holes(models):
     import gc
 
-    runner = Qwen3Runner(models["tiny"], 512, batch_invariant=True)
+    runner = DecoderRunner(models["tiny"], 512, batch_invariant=True)
     pool = runner.kv_pool
     prompts = _prompts(3, seed=8, lo=20, hi=70)
     caches = [runner.new_cache(len(p) + 8) for p in prompts]

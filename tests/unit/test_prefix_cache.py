@@ -13,7 +13,7 @@ import torch
 from flywheel.config import ModelConfig
 from flywheel.inference.local import LocalEngine
 from flywheel.inference.prefix_cache import PrefixStore, common_prefix
-from flywheel.numerics.qwen3 import KVCache
+from flywheel.modeling.decoder import KVCache
 from flywheel.policy.model import build_model
 from flywheel.types import SamplingParams
 

@@ -49,7 +49,7 @@ def workspace(tmp_path: Path, task, **changes: str | None) -> Path:
 def test_fixed_workspace_scores_one_and_untouched_scores_zero(tmp_path, task):
     cfg = EnvConfig()
     r = grade(task, workspace(tmp_path, task, **{"calc.py": FIXED}), cfg)
-    assert r.value == 1.0 and r.flags == [] and r.components == {"tests": 1.0, "penalty": 0.0, "suite_verdict": 1.0}
+    assert r.value == 1.0 and r.flags == [] and r.components == {"tests": 1.0, "penalty": 0.0, "suite_verdict": 1.0, "twins": 1.0}
     assert r.tests == {"test_hidden.py::test_high": "passed", "test_hidden.py::test_mid": "passed",
                        "test_calc.py::test_low": "passed"}
     r = grade(task, workspace(tmp_path, task), cfg)
@@ -95,7 +95,7 @@ def test_process_exit_in_the_solution_fails_and_is_flagged(tmp_path, task):
 def test_skipped_tests_count_as_failed(tmp_path, task):
     src = "import pytest\npytest.skip('later', allow_module_level=True)\n" + FIXED
     r = grade(task, workspace(tmp_path, task, **{"calc.py": src}), EnvConfig())
-    assert set(r.tests.values()) <= {"skipped", "missing"} and r.components["tests"] == 0.0
+    assert set(r.tests.values()) <= {"skipped", "missing", "error"} and r.components["tests"] == 0.0
     assert r.flags == ["framework_patch"]  # pytest named in non-test code (envs/integrity.py)
 
 

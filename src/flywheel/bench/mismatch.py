@@ -46,7 +46,7 @@ import torch
 
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.inference.local import LocalEngine
-from flywheel.numerics.lm_head import use_fp32_lm_head
+from flywheel.modeling.lm_head import use_fp32_lm_head
 from flywheel.policy.model import build_model
 from flywheel.trainer.replay import record_routing, router_replay
 from flywheel.trainer.train import Trainer

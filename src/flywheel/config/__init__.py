@@ -25,7 +25,7 @@ from flywheel.config.online import OnlineConfig
 class ModelConfig(Section):
     """The policy: a built-in preset built from config, or a local Hugging Face checkpoint dir."""
 
-    preset: Literal["tiny", "small", "tiny-moe"] | None = Field(
+    preset: Literal["tiny", "small", "tiny-moe", "tiny-llama", "tiny-qwen2", "tiny-mistral"] | None = Field(
         "tiny", description="built-in architecture with random init; ignored when `path` is set")
     num_layers: int = Field(0, ge=0, le=1024, description="decoder layers of the preset; 0 = the preset's own depth "
                             "(the demo runs a 2-layer `tiny`: docs/training.md)")
@@ -126,7 +126,9 @@ class EnvConfig(Section):
                                 "guarded interpreter, whose verdict the code under test can reach (rewards carry "
                                 "`in_process_verdict`), for suites whose tests cannot run one at a time")
     grade_parallel: int = Field(2, ge=1, le=256, description="sandboxes one grading by the suite verdict runs at "
-                                "once (envs/suite.py: each FAIL_TO_PASS test and its twin in their own)")
+                                "once (envs/suite.py: the real run and each twin run in their own)")
+    max_twins: int = Field(3, ge=1, le=1024, description="FAIL_TO_PASS tests per grading that get a twin run (one "
+                           "expected literal changed; drawn at grading time from those that have one)")
     twin_seed: int | None = Field(None, description="seed of the twin tests' choices (envs/twins.py); None = fresh "
                                   "randomness per grading. Set only to reproduce a grading: a policy that knows the "
                                   "seed can tell a twin from its test")

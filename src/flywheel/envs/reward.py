@@ -7,9 +7,9 @@
 Three verdicts, the first that applies:
 * a task with `calls` (its tests as data: every synthetic task, most HumanEval problems): the data verdict
   (envs/calls.py). The candidate's process gets only the inputs; this process compares the returned values.
-* a pytest task (repository suites: SWE-style, mined): the suite verdict (envs/suite.py). Each FAIL_TO_PASS test
-  runs alone in a fresh sandbox beside a twin with one expected value changed; the grader reads only exit
-  statuses, and a passing twin is `verdict_forged`.
+* a pytest task (repository suites: SWE-style, mined): the suite verdict (envs/suite.py). The tests run in a
+  fresh sandbox, and again in twin runs where one FAIL_TO_PASS test has one expected value changed; a test that
+  passes its twin run is `verdict_forged`.
 * the rest (a live service, `runtests.py` tasks without calls, `env.suite_verdict = false`): in-process, as
   below, and the reward carries `components["in_process_verdict"]`.
 All three run in new sandboxes on a private copy of the final workspace, and all get the flags below.

@@ -1,33 +1,34 @@
-"""The suite verdict: a repository's pytest tests, each FAIL_TO_PASS test in its own interpreter beside a twin.
+"""The suite verdict: a repository's pytest tests, and twin runs that a correct fix must fail.
 
     status, components, notes = grade_suite(task, base, cfg, kind, env_dir)   # base: the restored grading tree
 
 Why: a verdict read from what the process under test reports (its JUnit file, its exit status, proofs signed in
-its own interpreter) is a verdict that process can write. Here the grader decides from two facts it observes
-from outside, and from a counterfactual that the code under test cannot fake without the answer:
+its own interpreter) is a verdict that process can write. Here what the process reports is still the evidence,
+but the grader also asks the same question with a wrong answer, and code that cannot tell the two apart without
+the right answer cannot make only the real one pass.
 
-* Every FAIL_TO_PASS test runs alone in a fresh sandbox on a fresh copy-on-write view of the tree (so no run can
-  leave anything for another), under a runner configuration the grader passes explicitly: `-c` the task's own
-  original config file (or /dev/null), `--rootdir` the workspace, plugin autoload off, no cache provider. Nothing
-  the agent wrote can change how pytest starts: the agent's config files are never read.
-* Beside it runs its twin (envs/twins.py): the same file with one expected literal of that test changed, chosen
-  at grading time. Both runs have the same command, the same file names and the same node id; the one
-  difference is the expected value. A correct fix fails the twin. A run passes when its interpreter exits 0 and
-  its own report says passed (the report can only turn a pass into a failure: a skip exits 0 too).
-* A twin that passes is `verdict_forged`: no test credit, the flag raised, whatever the real tests say. That is
-  every way of passing without computing the right answer: a patched runner, a rewritten report, an exit status
-  chosen by the code, an object equal to anything, an answer read from the test file (the twin's file holds the
-  twin's value). It is raised even when the real test failed: code that forges only sometimes (by a coin, or by
-  a hash of the file it sees) passes the real test and not the twin as often as the other way round, so with the
-  flag's penalty at least the test reward it never earns more than it risks. The price: a wrong answer that
-  happens to equal the twin's changed value is flagged too.
-* PASS_TO_PASS tests run together in one more fresh interpreter under the same configuration (their number runs
-  to hundreds in a mined task); a test passes when that run exits 0, or 1 with the report saying it passed.
+* The real run: the graded tests in a fresh sandbox on a fresh copy-on-write view of the tree, under a runner
+  configuration the grader passes explicitly: `-c` the task's own original config file (or /dev/null),
+  `--rootdir` the workspace, plugin autoload off, no cache provider. No config file of the agent's is ever read.
+* Twin runs (envs/twins.py): for up to `env.max_twins` FAIL_TO_PASS tests, chosen at grading time, a run with the
+  same command, file names and node ids, each in its own fresh sandbox, where that one test has one expected
+  literal changed. A correct fix fails that test in its twin run.
+* A test's status in a run is what the run's report says when the interpreter exits 0 or 1 (any other status, a
+  timeout or a missing entry fails it). A test that passes in its twin run is `verdict_forged`: no test credit,
+  the flag raised, whatever the real run says. That is every way of passing without computing the right answer:
+  a patched runner, a rewritten report, an exit status chosen by the code, an object equal to anything, an answer
+  read from the test file (the twin's file holds the twin's value). It is raised even when the real run failed
+  the test: code that forges only sometimes (by a coin, or by a hash of the file it sees) passes the real run and
+  not the twin as often as the other way round, so with the flag's penalty at least the test reward it earns
+  nothing in expectation. The price: a wrong answer that happens to equal the twin's changed value is flagged.
+* PASS_TO_PASS tests are in every run when there are at most `SMALL_SUITE` of them; a larger set (a mined task
+  has hundreds) runs once, in its own fresh interpreter, and the twin runs hold only the FAIL_TO_PASS tests.
 
-What it does not cover (docs/integrity.md): a FAIL_TO_PASS test with no qualifying literal has no twin, so only
-its exit status decides (`components["untwinned"]` counts them); PASS_TO_PASS tests have no twins (forging them
-gains a session nothing unless the twinned tests pass on their own merit); a twin is as hidden as its new value
-is plausible. Cost: 2 runs per twinned FAIL_TO_PASS test and 1 for the rest, `env.grade_parallel` at a time.
+What it does not cover (docs/integrity.md): a FAIL_TO_PASS test with no qualifying literal has no twin
+(`components["untwinned"]` counts them), nor do those past `env.max_twins` in a grading (a run that forges a few
+of many tests is caught only when one of them is drawn); PASS_TO_PASS tests have no twins; a twin is as hidden
+as its new value is plausible. Cost: 1 + twins (+1 for a large PASS_TO_PASS set) interpreters,
+`env.grade_parallel` at a time.
 Tests: tests/unit/test_suite.py, tests/redteam/.
 """
 
@@ -53,13 +54,16 @@ CONFIG_FILES = (("pytest.ini", None), (".pytest.ini", None), ("pyproject.toml", 
                 ("tox.ini", "[pytest]"), ("setup.cfg", "[tool:pytest]"))
 
 
+SMALL_SUITE = 32  # PASS_TO_PASS tests up to this many go into every run
+
+
 @dataclass
 class Run:
-    """One interpreter: the node ids it selects, the files written over the tree first, and what it is for."""
+    """One interpreter: the node ids it selects, the files written over the tree first, the twin it checks."""
 
     ids: list[str]
-    role: str  # "real", "twin" or "batch"
     files: dict[str, str] = field(default_factory=dict)
+    twin_of: str | None = None  # the FAIL_TO_PASS test whose expected literal this run changed
 
 
 def runs_pytest(command: str) -> bool:
@@ -92,27 +96,29 @@ def runner_config(task: Task, test_files: list[str]) -> str | None:
     return None
 
 
-def plan(task: Task, base: Path, rng: random.Random) -> tuple[list[Run], int]:
-    """The runs of one grading (shuffled) and how many FAIL_TO_PASS tests have no twin."""
-    runs: list[Run] = []
-    untwinned = 0
-    for tid in dict.fromkeys(task.fail_to_pass):
-        runs.append(Run([tid], "real"))
+def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[list[Run], int]:
+    """The runs of one grading (the real run first) and how many FAIL_TO_PASS tests have no twin."""
+    f2p = list(dict.fromkeys(task.fail_to_pass))
+    p2p = [t for t in dict.fromkeys(task.pass_to_pass) if t not in f2p]
+    together = len(p2p) <= SMALL_SUITE
+    ids = f2p + p2p if together else f2p
+    sources: dict[str, str] = {}
+    twinned: list[tuple[str, str, str]] = []  # (test id, its file, the file with the test's twin)
+    for tid in f2p:
         path, classes, name = node_parts(tid)
-        try:
-            source = (base / path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            source = ""
-        twin = twins.twin_source(source, tuple(classes), name, rng) if source else None
-        if twin is None:
-            untwinned += 1
-        else:
-            runs.append(Run([tid], "twin", {path: twin}))
-    p2p = [t for t in dict.fromkeys(task.pass_to_pass) if t not in task.fail_to_pass]
-    if p2p:
-        runs.append(Run(p2p, "batch"))
-    rng.shuffle(runs)
-    return runs, untwinned
+        if path not in sources:
+            try:
+                sources[path] = (base / path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                sources[path] = ""
+        twin = twins.twin_source(sources[path], tuple(classes), name, rng) if sources[path] else None
+        if twin is not None:
+            twinned.append((tid, path, twin))
+    chosen = rng.sample(twinned, min(max_twins, len(twinned)))
+    runs = [Run(ids)] + [Run(ids, {path: twin}, tid) for tid, path, twin in chosen]
+    if not together:
+        runs.append(Run(p2p))
+    return runs, len(f2p) - len(twinned)
 
 
 def command_of(task: Task, run: Run, inner_workspace: str, junit: str) -> str:
@@ -127,9 +133,8 @@ def command_of(task: Task, run: Run, inner_workspace: str, junit: str) -> str:
 def _one(task: Task, run: Run, base: Path, cfg: EnvConfig, kind: str, env_dir: Path | None,
          ) -> tuple[dict[str, str], bool]:
     """(status per node id, timed out) of one run in its own sandbox."""
-    limits = SandboxLimits.for_grading(cfg)
     junit = f".fw-junit-{uuid.uuid4().hex}.xml"
-    with create_sandbox(base, limits, kind=kind, python_env=env_dir) as sb:
+    with create_sandbox(base, SandboxLimits.for_grading(cfg), kind=kind, python_env=env_dir) as sb:
         workspace = Path(sb.workspace)
         for rel, text in run.files.items():  # the tree is the grader's restored copy: no link of the agent's on the way
             (workspace / rel).unlink(missing_ok=True)
@@ -142,17 +147,9 @@ def _one(task: Task, run: Run, base: Path, cfg: EnvConfig, kind: str, env_dir: P
                 report = parse_junit(xml.read_text(encoding="utf-8", errors="replace"))
             except ValueError:
                 report = {}
-    allowed = (0, 1) if run.role == "batch" else (0,)
-    out = {}
-    for tid in run.ids:
-        said = report.get(junit_key(tid), "missing")
-        if res.timed_out:
-            out[tid] = "error"
-        elif said == "passed":
-            out[tid] = "passed" if res.returncode in allowed else "failed"
-        else:
-            out[tid] = said
-    return out, res.timed_out
+    if res.timed_out or res.returncode not in (0, 1):
+        return {tid: "error" for tid in run.ids}, res.timed_out
+    return {tid: report.get(junit_key(tid), "missing") for tid in run.ids}, False
 
 
 def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_dir: Path | None = None,
@@ -162,23 +159,23 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
     `env.twin_seed`)."""
     if rng is None:
         rng = random.SystemRandom() if cfg.twin_seed is None else random.Random(f"{cfg.twin_seed} {task.id}")
-    runs, untwinned = plan(task, base, rng)
-    components: dict[str, float] = {"suite_verdict": 1.0}
+    runs, untwinned = plan(task, base, rng, cfg.max_twins)
+    components: dict[str, float] = {"suite_verdict": 1.0, "twins": float(sum(r.twin_of is not None for r in runs))}
     if untwinned:
         components["untwinned"] = float(untwinned)
     workers = max(1, min(cfg.grade_parallel, len(runs)))
     with ThreadPoolExecutor(workers, thread_name_prefix="flywheel-suite") as pool:
         results = list(pool.map(lambda r: _one(task, r, base, cfg, kind, env_dir), runs))
     status: dict[str, str] = {}
-    twin_passed: list[str] = []
+    forged: list[str] = []
     for run, (out, timed_out) in zip(runs, results):
         if timed_out:
             components["timed_out"] = 1.0
-        if run.role == "twin":
-            twin_passed += [tid for tid, s in out.items() if s == "passed"]
-        else:
+        if run.twin_of is None:
             status.update(out)
-    if twin_passed:  # whether or not the real test passed: see the module doc
+        elif out[run.twin_of] == "passed":  # whether or not the real run passed it: see the module doc
+            forged.append(run.twin_of)
+    if forged:
         components["verdict_forged"] = 1.0
-    return status, components, [f"{tid}: its twin (one expected value changed) passed; the real test "
-                                f"{status.get(tid, 'missing')}" for tid in twin_passed]
+    return status, components, [f"{tid}: passed with one expected value changed (its twin run); in the real run "
+                                f"it {status.get(tid, 'missing')}" for tid in forged]

@@ -10,11 +10,10 @@ resolved with `loop.call_soon_threadsafe`. Between decode steps new requests are
 `max_prefill_tokens` budget) and join the running batch; finished ones leave. Users' requests are admitted
 before background ones (simulated rollouts sharing a serving engine), which never hold more than
 `max_background_rows` of the batch nor, beside users, prefill more than `max_background_prefill_tokens` in a step
-(inference/scheduler.py). Qwen3 / Qwen3-MoE use the
-native runner (numerics/qwen3.py: no padding, KV caches in one pool, one attention call per layer for the
-whole batch); other architectures use the HF forward one sequence at a time (inference/hf_runner.py).
-A prefix kept for reuse is copied out of the pool (`Qwen3Runner.detach`) so that the pool holds only
-running requests.
+(inference/scheduler.py). The model runs through a Runner (modeling/runner.py): the native decoder for every
+family of the registry (modeling/decoder.py: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE; no padding, KV caches in
+one pool, one attention call per layer for the whole batch), else the HF forward one sequence at a time. A prefix
+kept for reuse is copied out of the pool (`runner.detach`) so that the pool holds only running requests.
 
 Prompt prefixes already computed (a session's earlier turns, a group's shared prompt) are reused instead of
 prefilled again (`inference/prefix_cache.py`, `prefix_cache_mb`; not in batch-invariant mode).
@@ -39,11 +38,10 @@ from typing import Any, Literal
 
 import torch
 
-from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token
 from flywheel.inference.scheduler import PRIORITIES, AdmissionQueue, Priority
-from flywheel.numerics import qwen3
+from flywheel.modeling.runner import runner_for
 from flywheel.types import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -100,18 +98,14 @@ class LocalEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_seq_len = int(max_seq_len or model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
-        self.is_native = qwen3.supports(model)
-        if batch_invariant and not self.is_native:
-            raise ValueError(f"numerics.batch_invariant needs a Qwen3 / Qwen3-MoE model (the native runner); "
-                             f"model_type '{model.config.model_type}' is not supported: set it to false")
+        self.runner = runner_for(model, self.max_seq_len, bool(batch_invariant))
         self.batch_invariant = bool(batch_invariant)
-        self.runner = (qwen3.Qwen3Runner(model, self.max_seq_len, batch_invariant) if self.is_native
-                       else HFRunner(model, self.max_seq_len))
-        self.is_moe = bool(getattr(self.runner, "is_moe", False))
-        # Prompt prefixes already computed are reused (inference/prefix_cache.py): native runner, not in
-        # batch-invariant mode (a prefill over a reused prefix reduces in another order than the trainer).
+        self.is_moe = bool(self.runner.is_moe)
+        # Prompt prefixes already computed are reused (inference/prefix_cache.py): a runner that can continue a
+        # cache, not in batch-invariant mode (a prefill over a reused prefix reduces in another order than the trainer).
         self.prefix_cache = (PrefixStore(prefix_cache_mb << 20)
-                             if prefix_cache_mb > 0 and self.is_native and not self.batch_invariant else None)
+                             if prefix_cache_mb > 0 and self.runner.reuses_prefixes and not self.batch_invariant
+                             else None)
         eos = getattr(model.config, "eos_token_id", None)
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self._version = int(version)
@@ -302,10 +296,7 @@ class LocalEngine:
                 r.cache.k[:, :, :n] = src.k[:, :, :n]
                 r.cache.v[:, :, :n] = src.v[:, :, :n]
                 r.cache.length = r.num_reused = n
-        if r.num_reused and isinstance(self.runner, qwen3.Qwen3Runner):  # the prefix cache is native-only
-            logits, routed = self.runner.prefill(r.prompt_ids, r.cache, start=r.num_reused)
-        else:
-            logits, routed = self.runner.prefill(r.prompt_ids, r.cache)
+        logits, routed = self.runner.prefill(r.prompt_ids, r.cache, start=r.num_reused)
         r.kv_version = version
         self._append(r, logits, None if routed is None else routed.tolist(), version)
         r.ttft_s = time.perf_counter() - r.t_submit
@@ -348,9 +339,8 @@ class LocalEngine:
             if r.finish_reason is None:
                 keep.append(r)
                 continue
-            if (self.prefix_cache is not None and r.kv_version >= 0  # kept for a later turn or group member
-                    and isinstance(self.runner, qwen3.Qwen3Runner)):
-                try:  # a standalone copy: the store must not hold pool slots (numerics/qwen3.py `detach`)
+            if self.prefix_cache is not None and r.kv_version >= 0:  # kept for a later turn or group member
+                try:  # a standalone copy: the store must not hold pool slots (modeling/decoder.py `detach`)
                     self.prefix_cache.add(self._fed(r), self.runner.detach(r.cache), r.kv_version)
                 except Exception:  # noqa: BLE001 - a prefix not kept costs a prefill; a raise here would lose requests
                     log.exception("prefix cache: could not keep a finished request's cache")

@@ -18,7 +18,7 @@ from typing import Any
 from flywheel.config import FlywheelConfig
 from flywheel.inference import local
 from flywheel.inference.vllm import StoreSync, VLLMEngine
-from flywheel.numerics.lm_head import use_fp32_lm_head
+from flywheel.modeling.lm_head import use_fp32_lm_head
 from flywheel.policy.model import load_model
 from flywheel.weights.sync import Subscriber
 

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.dashboard.trainer_logprobs import TrainerLogprobsWriter, sample_indices
-from flywheel.numerics.lm_head import use_fp32_lm_head
+from flywheel.modeling.lm_head import use_fp32_lm_head
 from flywheel.orchestrator.forwarding import ForwardingTrainer
 from flywheel.orchestrator.ray import as_actor, init_ray
 from flywheel.policy.model import load_model, save_model

@@ -33,6 +33,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                      num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
                      tie_word_embeddings=True, router_aux_loss_coef=0.0),
+    # ~2 M parameters each: the other families of the native registry (modeling/families.py), for its tests.
+    # Llama with an untied head and biases on attention and MLP; Qwen2 with its q/k/v bias; Mistral.
+    "tiny-llama": dict(model_type="llama", hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                       num_attention_heads=6, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                       attention_bias=True, mlp_bias=True),
+    "tiny-qwen2": dict(model_type="qwen2", hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                       num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True),
+    "tiny-mistral": dict(model_type="mistral", hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                         sliding_window=None),
 }
 
 hf_logging.disable_progress_bar()  # shard/weight-loading bars would drown our own progress output

@@ -11,7 +11,8 @@ dequantizes GGUF when it loads it (the `gguf` and `accelerate` packages: `pip in
 
 What the directory records (`flywheel_import.json`): the source path and its sha256, how the weights were
 converted (dequantized from the GGUF file type, cast to the dtype), the architecture and the parameter count.
-The directory is loaded back before the command returns: every tensor must equal what was written. Bad sources get a `ModelImportError` that says what to give instead.
+The directory is loaded back before the command returns: every tensor must equal what was written. Bad sources
+get a `ModelImportError` that says what to give instead.
 Tests: tests/unit/test_model_import.py.
 """
 
@@ -111,7 +112,9 @@ def _load(src: Path, dtype: torch.dtype):
         except ValueError as err:  # transformers: "GGUF model with architecture X is not supported yet."
             raise ModelImportError(f"{src}: GGUF architecture {arch!r} cannot be loaded by transformers ({err}); "
                                    "convert it to an HF directory first") from None
-        return model.to(dtype), tok, f"dequantized from {ftype} (GGUF, architecture {arch}), cast to {str(dtype).removeprefix('torch.')}"
+        name = str(dtype).removeprefix("torch.")
+        model = model.to(dtype)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
+        return model, tok, f"dequantized from {ftype} (GGUF, architecture {arch}), cast to {name}"
     if not (src / "config.json").is_file():
         raise ModelImportError(f"directory {src} has no config.json; give an HF model directory or a .gguf file")
     if not any((src / name).is_file() for name in WEIGHT_FILES) and not list(src.glob("*.safetensors")):
@@ -166,7 +169,8 @@ def import_model(src: str | Path, out: str | Path, dtype: str = "bfloat16") -> d
     if not exact:
         raise ModelImportError(f"{out}: the written weights do not load back bit for bit; report this with the source")
     info = {"source": str(source.resolve()), "source_kind": "gguf" if source.is_file() else "hf_directory",
-            "sha256": sha256_of(source) if source.is_file() else _sha256_of_weights(source), "conversion": conversion, "dtype": dtype,
+            "sha256": sha256_of(source) if source.is_file() else _sha256_of_weights(source),
+            "conversion": conversion, "dtype": dtype,
             "model_type": config.model_type, "architecture": type(model).__name__,
             "num_parameters": num_parameters(model), "vocab_size": config.vocab_size,
             "chat_template": bool(getattr(tok, "chat_template", None)),

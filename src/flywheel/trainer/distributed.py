@@ -43,7 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from flywheel.config import TrainerConfig
-from flywheel.numerics.batch_invariant import LAYER_METHOD, MODEL_METHOD
+from flywheel.modeling.batch_invariant import LAYER_METHOD, MODEL_METHOD
 
 MESH_DIMS = ("dp_shard",)  # tensor and expert parallel would add dimensions here (config.MeshConfig)
 

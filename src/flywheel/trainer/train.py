@@ -60,7 +60,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from flywheel.config import TrainerConfig
-from flywheel.numerics.batch_invariant import BatchInvariantForward, check_model
+from flywheel.modeling.batch_invariant import BatchInvariantForward, check_model
 from flywheel.policy.logprobs import entropy_from_logits, logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt

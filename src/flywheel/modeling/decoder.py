@@ -1,6 +1,6 @@
-"""A native forward for the Qwen3 family (dense and MoE) over a pooled KV cache.
+"""The native decoder forward for every family in the registry (modeling/families.py), over a pooled KV cache.
 
-    runner = Qwen3Runner(model, max_seq_len=2048)
+    runner = DecoderRunner(model, max_seq_len=2048)            # Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE
     cache = runner.new_cache(capacity=600)
     logits_v, routed = runner.prefill(prompt_ids, cache)            # logits of the last prompt position
     logits_bv, routed = runner.decode(last_tokens, [cache_a, ...])  # one token for every running sequence
@@ -21,9 +21,9 @@ multiple of `ROW_TILE` = 16 (M = 1, 2, 3, 5, 7, 9 differ from M >= 8 on an AMD E
 AVX-512, M = 8 differs from every larger multiple of 8).
 
 `batch_invariant=True` (numerics.batch_invariant) makes a token's log-prob bit-identical whether it came from
-a prefill, a decode step in any batch, or the trainer's forward (`flywheel.numerics.batch_invariant`): rows
+a prefill, a decode step in any batch, or the trainer's forward (`flywheel.modeling.batch_invariant`): rows
 padded to ROW_TILE, and attention computed the same way in prefill, decode and the trainer
-(`flywheel.numerics.attention`: fixed 64-key tiles, 8-row query blocks), over the pool in place.
+(`flywheel.modeling.attention`: fixed 64-key tiles, 8-row query blocks), over the pool in place.
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from flywheel.numerics import attention as bi_attention
-from flywheel.numerics.kv_pool import KVPool, PooledKVCache
-from flywheel.numerics.lm_head import has_fp32_lm_head
+from flywheel.modeling import attention as bi_attention
+from flywheel.modeling.families import native_family
+from flywheel.modeling.kv_pool import KVPool, PooledKVCache
+from flywheel.modeling.lm_head import has_fp32_lm_head
 
 ROW_TILE = 16  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
 GPU_ROW_TILE = 128  # CUDA: every matmul is exactly [GPU_ROW_TILE, K] @ [K, N]
@@ -64,7 +65,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3RMSNorm, same op order as transformers (statistics in float32)."""
+    """The families' RMSNorm (LlamaRMSNorm, Qwen3RMSNorm), same op order as transformers (statistics in float32)."""
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -89,20 +90,6 @@ class KVCache:
         return self.k.shape[2]
 
 
-_STATIC_ROPE = {"default", "linear", "llama3", "yarn", "longrope"}
-
-
-def supports(model) -> bool:
-    """True when `model` is a Qwen3 / Qwen3-MoE causal LM this runner reproduces exactly."""
-    cfg = model.config
-    if getattr(cfg, "model_type", None) not in ("qwen3", "qwen3_moe"):
-        return False
-    if getattr(cfg, "use_sliding_window", False):
-        return False
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    return rotary is not None and getattr(rotary, "rope_type", "default") in _STATIC_ROPE
-
-
 def mix_experts(h: torch.Tensor, experts, top_i: torch.Tensor, top_w: torch.Tensor,
                 pad_rows: bool = True) -> torch.Tensor:
     """Weighted sum of each token's routed experts. h [M, D], top_i / top_w [M, k] -> [M, D].
@@ -118,13 +105,18 @@ def mix_experts(h: torch.Tensor, experts, top_i: torch.Tensor, top_w: torch.Tens
     return out
 
 
-class Qwen3Runner:
-    """Prefill and batched decode for Qwen3 / Qwen3-MoE, reading the HF module's parameters live."""
+class DecoderRunner:
+    """Prefill and batched decode for the registry's families, reading the HF module's parameters live."""
+
+    reuses_prefixes = True  # prefill(start=n) continues a cache whose first n positions are filled
 
     def __init__(self, model, max_seq_len: int, batch_invariant: bool = False, pad_rows: bool = False):
-        if not supports(model):
-            raise ValueError(f"Qwen3Runner does not support model_type '{model.config.model_type}'")
+        family, why_not = native_family(model, max_seq_len)
+        if family is None:
+            raise ValueError(f"the native runner does not cover this model: {why_not}")
         cfg = model.config
+        self.family = family
+        self.qk_norm = family.qk_norm
         self.model = model
         self.batch_invariant = bool(batch_invariant)
         self.pad_rows = self.batch_invariant or bool(pad_rows)  # batch invariance needs the padded row tiles
@@ -172,24 +164,26 @@ class Qwen3Runner:
 
     # ---- blocks ------------------------------------------------------------------------------------
 
-    def _qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """h [M, D] -> q [M, H, hd], k and v [M, KV, hd] with q/k norms and rotary applied."""
+    def qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """h [M, D] -> q [M, H, hd], k and v [M, KV, hd] with the q/k norms (Qwen3) and rotary applied."""
         m = h.shape[0]
         q = self._linear(h, attn.q_proj.weight, attn.q_proj.bias).view(m, self.num_heads, self.head_dim)
         k = self._linear(h, attn.k_proj.weight, attn.k_proj.bias).view(m, self.num_kv_heads, self.head_dim)
         v = self._linear(h, attn.v_proj.weight, attn.v_proj.bias).view(m, self.num_kv_heads, self.head_dim)
-        q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
-        k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
+        if self.qk_norm:
+            q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
+            k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
         cos, sin = cos[:, None, :], sin[:, None, :]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         return q, k, v
 
-    def _mlp(self, mlp, h: torch.Tensor):
+    def mlp_block(self, mlp, h: torch.Tensor):
         """h [M, D] -> (out [M, D], routed expert ids [M, k] or None)."""
         if not hasattr(mlp, "experts"):
-            return self._linear(mlp.act_fn(self._linear(h, mlp.gate_proj.weight)) * self._linear(h, mlp.up_proj.weight),
-                                mlp.down_proj.weight), None
+            gate = self._linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = self._linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+            return self._linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias), None
         gate, experts = mlp.gate, mlp.experts
         router_logits = self._linear(h, gate.weight)  # [M, E]
         probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
@@ -198,7 +192,7 @@ class Qwen3Runner:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         return mix_experts(h, experts, top_i, top_w.to(router_logits.dtype), self.pad_rows), top_i
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
         h = rms_norm(h, self.model.model.norm.weight, self.model.model.norm.variance_epsilon)
         head = self.model.lm_head
         bias = getattr(head, "bias", None)
@@ -226,7 +220,7 @@ class Qwen3Runner:
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = rms_norm(x, layer.input_layernorm.weight, self.eps)
-            q, k, v = self._qkv(attn, h, cos, sin)
+            q, k, v = self.qkv(attn, h, cos, sin)
             cache.k[li, :, start:n] = k.transpose(0, 1)
             cache.v[li, :, start:n] = v.transpose(0, 1)
             if self.batch_invariant:
@@ -237,12 +231,12 @@ class Qwen3Runner:
                                                    scale=self.scaling, enable_gqa=True)  # [1, H, T, hd]
                 o = o[0].transpose(0, 1).reshape(n - start, -1)
             x = x + self._linear(o, attn.o_proj.weight, attn.o_proj.bias)
-            h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
+            h, top_i = self.mlp_block(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + h
             if top_i is not None:
                 routed.append(top_i[-1])
         cache.length = n
-        logits = self._logits(x[-1:])[0]
+        logits = self.logits(x[-1:])[0]
         return logits, (torch.stack(routed) if routed else None)
 
     @torch.inference_mode()
@@ -258,13 +252,13 @@ class Qwen3Runner:
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = rms_norm(x, layer.input_layernorm.weight, self.eps)
-            q, k, v = self._qkv(attn, h, cos, sin)
+            q, k, v = self.qkv(attn, h, cos, sin)
             o = attend(li, q, k, v, self.scaling)  # [B, H*hd], over the pool in place, all rows at once
             x = x + self._linear(o, attn.o_proj.weight, attn.o_proj.bias)
-            h, top_i = self._mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
+            h, top_i = self.mlp_block(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
             x = x + h
             if top_i is not None:
                 routed.append(top_i)
         for c in caches:
             c.length += 1
-        return self._logits(x), (torch.stack(routed, dim=1) if routed else None)
+        return self.logits(x), (torch.stack(routed, dim=1) if routed else None)

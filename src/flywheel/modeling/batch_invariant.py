@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from flywheel.numerics.attention import sequence_attention
-from flywheel.numerics.qwen3 import Qwen3Runner, linear, mix_experts, rms_norm, supports
+from flywheel.modeling.attention import sequence_attention
+from flywheel.modeling.decoder import DecoderRunner, linear, mix_experts, rms_norm
+from flywheel.modeling.families import native_family
 
 MODEL_METHOD = "flywheel_bi_forward"  # the model's attribute running the whole batch-invariant forward
 LAYER_METHOD = "flywheel_bi_block"  # each decoder layer's attribute running its block
@@ -53,19 +54,20 @@ class RoutingStats:
 
 
 def check_model(model) -> None:
-    """ValueError unless `model` can run in batch-invariant mode (a float32 Qwen3 / Qwen3-MoE)."""
-    if not supports(model):
-        raise ValueError(f"numerics.batch_invariant needs a Qwen3 / Qwen3-MoE model; model_type "
-                         f"'{getattr(model.config, 'model_type', None)}' is not supported: set it to false")
+    """ValueError unless `model` can run in batch-invariant mode (a float32 model of a registry family)."""
+    family, why_not = native_family(model, model.config.max_position_embeddings)
+    if family is None:
+        raise ValueError(f"numerics.batch_invariant needs a model the native runner covers ({why_not}): "
+                         "set numerics.batch_invariant = false")
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ValueError(f"numerics.batch_invariant computes in float32 like the engine; the model is {dtype}: "
                          f"load it with model.dtype = 'float32' or set numerics.batch_invariant = false")
 
 
-def moe_block(runner: Qwen3Runner, mlp, h: torch.Tensor, replay: torch.Tensor | None, stats: RoutingStats | None,
+def moe_block(runner: DecoderRunner, mlp, h: torch.Tensor, replay: torch.Tensor | None, stats: RoutingStats | None,
               apply: bool = True):
-    """Qwen3Runner._mlp for MoE layers, op for op, with optional replayed experts. h [M, D], replay [M, K]
+    """DecoderRunner.mlp_block for MoE layers, op for op, with optional replayed experts. h [M, D], replay [M, K]
     (-1 = route freely). `apply=False` only counts the agreement with `replay`."""
     gate, experts = mlp.gate, mlp.experts
     router_logits = linear(h, gate.weight)  # [M, E]
@@ -100,7 +102,7 @@ class BatchInvariantForward:
         check_model(model)
         self.model = model
         self.max_seq_len = int(max_seq_len or model.config.max_position_embeddings)
-        self.runner = Qwen3Runner(model, self.max_seq_len, batch_invariant=True)
+        self.runner = DecoderRunner(model, self.max_seq_len, batch_invariant=True)
         self.num_moe_layers = sum(hasattr(layer.mlp, "experts") for layer in self.runner.layers)
         self.module_methods = bool(module_methods)
         if self.module_methods:
@@ -150,7 +152,7 @@ class BatchInvariantForward:
                 agree.append(counts[0])
                 replayed.append(counts[1])
             moe_layer += hasattr(layer.mlp, "experts")
-        return run._logits(x).view(b, t, -1), agree, replayed
+        return run.logits(x).view(b, t, -1), agree, replayed
 
     def _block(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, b: int, t: int,
                replay: torch.Tensor | None, apply_replay: bool):
@@ -159,14 +161,14 @@ class BatchInvariantForward:
         n = b * t
         attn = layer.self_attn
         h = rms_norm(x, layer.input_layernorm.weight, run.eps)
-        q, k, v = run._qkv(attn, h, cos, sin)  # [N, H, hd], [N, KV, hd]
+        q, k, v = run.qkv(attn, h, cos, sin)  # [N, H, hd], [N, KV, hd]
         o = sequence_attention(q.view(b, t, run.num_heads, run.head_dim),
                                k.view(b, t, run.num_kv_heads, run.head_dim),
                                v.view(b, t, run.num_kv_heads, run.head_dim), run.scaling).reshape(n, -1)
         x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
         h = rms_norm(x, layer.post_attention_layernorm.weight, run.eps)
         if not hasattr(layer.mlp, "experts"):
-            return x + run._mlp(layer.mlp, h)[0], None
+            return x + run.mlp_block(layer.mlp, h)[0], None
         stats = RoutingStats()
         x = x + moe_block(run, layer.mlp, h, replay, stats if replay is not None else None, apply_replay)
         return x, ((stats.layer_agree[0], stats.layer_replayed[0]) if replay is not None else None)

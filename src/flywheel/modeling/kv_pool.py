@@ -31,14 +31,14 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from flywheel.numerics.attention import ATTN_TILE, decode_attention, key_span, round_up
+from flywheel.modeling.attention import ATTN_TILE, decode_attention, key_span, round_up
 
 MIN_SLOTS = 8  # first pool size; doubles when full
 
 
 class PooledKVCache:
     """One sequence's keys and values in a KVPool slot: k, v [num_layers, num_kv_heads, capacity, head_dim]
-    (views into the pool), `length` positions filled. Same attributes as numerics.qwen3.KVCache."""
+    (views into the pool), `length` positions filled. Same attributes as decoder.KVCache."""
 
     def __init__(self, pool: KVPool, slot: int, capacity: int):
         self.pool, self.slot, self.capacity, self.length = pool, slot, capacity, 0
