@@ -184,7 +184,7 @@ def test_tokenizer_without_markers_is_refused():
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.add_tokens(["a"])
-    with pytest.raises(ValueError, match="does not have '<|endoftext|>' as a single token"):
+    with pytest.raises(ValueError, match="the tokenizer has no '<\\|im_start\\|>' token: flywheel renders ChatML"):
         ChatFormat(PreTrainedTokenizerFast(tokenizer_object=raw))
 
 

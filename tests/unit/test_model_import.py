@@ -61,3 +61,27 @@ def test_bad_sources_say_what_to_give(tmp_path, capsys):
     assert main(["models", "import", str(tmp_path / "missing"), "--out", str(tmp_path / "o6")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("flywheel models import: ") and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_smollm2_chat_format_has_text_tool_tags_and_keeps_its_properties(smollm2):
+    from transformers import AutoTokenizer
+
+    from flywheel.policy.chat import IM_END, TOOL_CALL_OPEN, ChatFormat
+    from flywheel.types import Message, ToolCall
+
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    tools = [{"name": "view", "description": "show a file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+    chat = ChatFormat(tok, tools)
+    assert not chat.tool_tags_are_tokens and len(chat.marker_tokens[TOOL_CALL_OPEN]) > 1
+    assert chat.stop_token_ids[0] == tok.convert_tokens_to_ids(IM_END)
+    msgs = [Message("system", "You fix bugs."), Message("user", "Fix a.py")]
+    prompt = chat.render(msgs)
+    call = Message("assistant", "Looking.", tool_calls=[ToolCall("view", {"path": "a.py"})])
+    sampled = chat.assistant_tokens(call)
+    obs = chat.render_observation([Message("tool", f"x {IM_END} y {TOOL_CALL_OPEN}", name="view")])
+    later = chat.render([*msgs, call, Message("tool", f"x {IM_END} y {TOOL_CALL_OPEN}", name="view")])
+    assert later == prompt + sampled + obs  # append-only: each turn's tokens are a prefix of the next
+    assert obs.count(chat.marker_ids[IM_END]) == 1  # the observation's own "<|im_end|>" text is not the token
+    parsed = chat.parse(tok.decode(sampled))
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("view", {"path": "a.py"})] and not parsed.errors

@@ -1,6 +1,7 @@
 """Benchmark the local inference engine against Hugging Face on the `small` preset: `flywheel bench engine`.
 
     flywheel bench engine --out benchmarks/results/engine.json [--quick]
+    flywheel bench engine --model models/smollm2 [--dtype bfloat16] --out FILE    # a real model (docs/models.md)
     flywheel bench engine --engines local,vllm,hf --out FILE    # local vs vLLM vs HF: bench/_engines.py
 
 Everything in one run, greedy sampling for every contender, every system timed by wall clock on the same
@@ -31,7 +32,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from flywheel.bench import _engines
 from flywheel.config import ModelConfig
 from flywheel.inference.local import LocalEngine
-from flywheel.policy.model import build_model, num_parameters
+from flywheel.policy.model import build_model, load_model, num_parameters
 from flywheel.types import SamplingParams
 
 GREEDY: dict[str, Any] = {"temperature": 0.0}
@@ -138,7 +139,8 @@ async def _swap_pause(engine, new_weights, prompt_len, num_tokens):
     thread.start()
     await asyncio.to_thread(thread.join)
     gens = await asyncio.gather(*tasks)
-    assert all(old in g.versions and old + 1 in g.versions for g in gens), "swap landed after the requests"
+    assert all(old in g.versions and old + 1 in g.versions for g in gens), \
+        f"swap landed after the requests (steps: {[(v, n) for _, _, v, n, _ in list(engine.step_log)[:8]]}...)"
     log = list(engine.step_log)
     last_old = max(end for _, end, v, *_ in log if v == old)
     first_new = min(start for start, _, v, *_ in log if v == old + 1)
@@ -157,12 +159,22 @@ def run(args) -> dict:
     else:
         num_sessions, prompt_range, out_range, hf_batches = 64, (50, 500), (10, 256), (8, 16, 32)
         decode_prompt, decode_tokens, repeats = 128, 64, 3
-    model = build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048)
+    model_dir = getattr(args, "model", None)
+    if model_dir:  # prompts stay random ids below 2048, which every vocabulary holds
+        model = load_model(model_dir, getattr(args, "dtype", None) or "bfloat16")
+        model.config.max_position_embeddings = min(model.config.max_position_embeddings, 1024)
+        model.config.eos_token_id = None  # every contender generates exactly max_new_tokens, as on the preset
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.eos_token_id = None
+    else:
+        model = build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048)
     reqs = _requests(num_sessions, prompt_range, out_range)
     gen = torch.Generator().manual_seed(3)
-    new_weights = {n: (p + 0.01 * torch.randn(p.shape, generator=gen)).contiguous()
+    new_weights = {n: (p + 0.01 * torch.randn(p.shape, generator=gen)).to(p.dtype).contiguous()
                    for n, p in model.state_dict().items()}
-    result: dict[str, Any] = {"config": {"preset": "small", "vocab_size": 2048, "num_parameters": num_parameters(model),
+    result: dict[str, Any] = {"config": {"preset": None if model_dir else "small", "model": model_dir,
+                                         "model_type": model.config.model_type, "dtype": str(next(model.parameters()).dtype),
+                                         "vocab_size": model.config.vocab_size, "num_parameters": num_parameters(model),
                          "num_sessions": num_sessions, "prompt_range": prompt_range, "out_range": out_range,
                          "hf_static_batches": hf_batches, "decode_prompt_len": decode_prompt,
                          "decode_tokens": decode_tokens, "repeats": repeats, "quick": quick,
@@ -197,7 +209,8 @@ def run(args) -> dict:
                 ttft_alone.append(g.ttft_s)
             eng["ttft_alone_256_ms"] = statistics.median(ttft_alone) * 1000
             # last: the swaps change the model's weights
-            swaps = [await _swap_pause(engine, new_weights, decode_prompt, 4 * decode_tokens)
+            swap_tokens = 4 * decode_tokens if not model_dir else max(4 * decode_tokens, 256)  # slower steps
+            swaps = [await _swap_pause(engine, new_weights, decode_prompt, swap_tokens)
                      for _ in range(max(3, repeats))]
             eng["swap_pause_ms"] = statistics.median(s[0] for s in swaps)
             eng["swap_lock_held_ms"] = statistics.median(s[1] for s in swaps)

@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "agent workload, with vLLM's weight-update figures (flywheel/bench/_engines.py)")
     p.add_argument("--preset", default=None, choices=["tiny", "small"], help="engine --engines: the model preset "
                    "(default tiny; small = 32M parameters)")
+    p.add_argument("--model", default=None, metavar="DIR", help="engine, mismatch: a model directory (e.g. one "
+                   "`flywheel models import` wrote) instead of the preset")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="engine, mismatch: dtype of --model "
+                   "(default: bfloat16 for engine, float32 for mismatch)")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
     p.add_argument("--base", default=None, help="pipeline: a mid-trained model directory (with its tokenizer) to "
                    "start both runs from, instead of mid-training one (e.g. runs/demo/base_model)")

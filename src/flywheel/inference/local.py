@@ -111,6 +111,9 @@ class LocalEngine:
         self._version = int(version)
         self._params = dict(model.state_dict(keep_vars=True))  # name -> Parameter/buffer (tied names alias)
         self._step_lock = threading.Lock()  # held for each prefill/decode step and for a weight swap
+        # weight swaps waiting for the step lock: the decode thread lets them in before its next step (a lock is
+        # not fair; with steps back to back a swap could otherwise wait for the whole batch to finish)
+        self._swaps_waiting = 0
         self._cond = threading.Condition()  # guards _pending/_paused/_stopping, wakes the decode thread
         # users first, background (simulated rollouts) on what is left, within max_background_rows
         self._pending: AdmissionQueue[_Request] = AdmissionQueue(max_batch_size, max_background_rows,
@@ -246,12 +249,19 @@ class LocalEngine:
             if t.dtype != cur.dtype:
                 raise ValueError(f"weight update: '{name}' has dtype {t.dtype}, the model expects {cur.dtype}")
             prepared.append((cur, t.detach().to(device=cur.device, copy=True).contiguous()))
-        with self._step_lock:
-            t0 = time.perf_counter()
-            for cur, new in prepared:
-                cur.data = new
-            self._version = int(version)
-            pause_ms = (time.perf_counter() - t0) * 1000.0
+        with self._cond:
+            self._swaps_waiting += 1
+        try:
+            with self._step_lock:
+                t0 = time.perf_counter()
+                for cur, new in prepared:
+                    cur.data = new
+                self._version = int(version)
+                pause_ms = (time.perf_counter() - t0) * 1000.0
+        finally:
+            with self._cond:
+                self._swaps_waiting -= 1
+                self._cond.notify_all()
         return pause_ms
 
     # ---- the decode thread -------------------------------------------------------------------------
@@ -259,7 +269,8 @@ class LocalEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (self._paused or (not self._pending and not self._running)):
+                while not self._stopping and (self._swaps_waiting or self._paused
+                                              or (not self._pending and not self._running)):
                     self._cond.wait()
                 if self._stopping:
                     return

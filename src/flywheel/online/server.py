@@ -248,14 +248,19 @@ async def _stream(request: web.Request, st: ServingState, rec: KeyRecord, req: C
         await send({"role": "assistant", "content": ""})
         ids: list[int] = [] if first is None else [first]
         emitted, closed = "", first is None
-        tool_open = chat.marker_ids[TOOL_CALL_OPEN]
+        tool_open = chat.marker_ids.get(TOOL_CALL_OPEN)  # None: the tag is plain text (SmolLM2), seen in the text
         stop_ids = set(req.sampling.stop_token_ids)
         hold = max((len(s) for s in req.sampling.stop), default=1) - 1
+        if tool_open is None:
+            hold = max(hold, len(TOOL_CALL_OPEN) - 1)  # a tag's first characters are not content yet
         while not closed:
             if ids and (ids[-1] == tool_open or ids[-1] in stop_ids):
                 closed = True  # the rest is a tool call or the end marker: sent once parsed
                 break
             raw = st.tokenizer.decode(ids)
+            if tool_open is None and TOOL_CALL_OPEN in raw:
+                closed = True
+                break
             text = trim_stops(raw, req.sampling.stop)
             ready = text[:len(text) - hold] if hold and text == raw else text
             if ready.startswith(emitted) and len(ready) > len(emitted) and not ready.endswith("\ufffd"):

@@ -280,7 +280,8 @@ def message_from_dict(d: dict[str, Any]) -> Message:
 class ChatFormat:
     """Renders messages to token ids append-only and parses assistant text into tool calls.
 
-    `tokenizer` is any fast HF tokenizer in which the five markers are single tokens (ours, or Qwen's);
+    `tokenizer` is any fast HF tokenizer with <|im_start|> and <|im_end|> as single tokens (ours, Qwen's,
+    SmolLM2's); <tool_call> and </tool_call> are single tokens where the tokenizer has them, else plain text;
     `tools` are {"name", "description", "parameters": JSON schema} dicts, listed in the system message and
     used to validate parsed calls.
     """
@@ -288,17 +289,11 @@ class ChatFormat:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None):
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
-            raise TypeError("ChatFormat needs a fast (Rust `tokenizers`-backed) Hugging Face tokenizer")
+            raise ValueError("the chat format needs a fast (Rust `tokenizers`-backed) Hugging Face tokenizer; save "
+                             "the model's tokenizer with tokenizer.json (`flywheel models import` does)")
         self.tokenizer = tokenizer
         self.tools = normalize_tools(tools)
         self._tools_by_name = {t["name"]: t for t in self.tools}
-        self.marker_ids: dict[str, int] = {}
-        for marker in MARKERS:
-            ids = backend.encode(marker, add_special_tokens=False).ids
-            if len(ids) != 1:
-                raise ValueError(f"tokenizer does not have {marker!r} as a single token; train it with "
-                                 "flywheel.policy.tokenizer.train_tokenizer or add the token")
-            self.marker_ids[marker] = ids[0]
         # A copy of the tokenizer with no added tokens: text inside messages can never become a marker.
         spec = json.loads(backend.to_str())
         spec["added_tokens"] = []
@@ -307,11 +302,32 @@ class ChatFormat:
         self._plain.no_truncation()
         self._plain.no_padding()
         self._cache: dict[str, list[int]] = {}
+        # Turn markers must be single tokens (no text can then forge a turn boundary); the tool-call tags may be
+        # plain text (SmolLM2 has no such tokens): the model writes them as it writes any text, and calls are only
+        # ever parsed from what it sampled. <|endoftext|> is optional (the tokenizer's eos stops a turn too).
+        self.marker_ids: dict[str, int] = {}
+        self.marker_tokens: dict[str, list[int]] = {}
+        for marker in MARKERS:
+            ids = backend.encode(marker, add_special_tokens=False).ids
+            if len(ids) == 1 and backend.token_to_id(marker) == ids[0]:
+                self.marker_ids[marker] = ids[0]
+                self.marker_tokens[marker] = ids
+            elif marker in (IM_START, IM_END):
+                raise ValueError(f"the tokenizer has no {marker!r} token: flywheel renders ChatML turns, whose "
+                                 "markers must be single tokens. Use a model with a ChatML chat template (Qwen, "
+                                 "SmolLM2), or train a tokenizer with flywheel.policy.tokenizer.train_tokenizer")
+            elif marker != ENDOFTEXT:
+                self.marker_tokens[marker] = self._plain.encode(marker, add_special_tokens=False).ids
+        self.tool_tags_are_tokens = TOOL_CALL_OPEN in self.marker_ids and TOOL_CALL_CLOSE in self.marker_ids
+        eos = getattr(tokenizer, "eos_token_id", None)
+        stops = [self.marker_ids[IM_END], self.marker_ids.get(ENDOFTEXT), eos if isinstance(eos, int) else None]
+        self._stop_ids = list(dict.fromkeys(i for i in stops if i is not None))
 
     # ------------------------------------------------------------------------------------------ rendering
     @property
     def stop_token_ids(self) -> list[int]:
-        return [self.marker_ids[IM_END], self.marker_ids[ENDOFTEXT]]
+        """<|im_end|>, then <|endoftext|> and the tokenizer's eos where they exist."""
+        return list(self._stop_ids)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of plain text, with marker strings treated as ordinary characters."""
@@ -326,7 +342,7 @@ class ChatFormat:
         ids: list[int] = []
         for text, is_marker in pieces:
             if is_marker:
-                ids.append(self.marker_ids[text])
+                ids += self.marker_tokens[text]
             elif text:
                 ids += self.encode_text(text)
         return ids
