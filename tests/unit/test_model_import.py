@@ -85,3 +85,31 @@ def test_smollm2_chat_format_has_text_tool_tags_and_keeps_its_properties(smollm2
     assert obs.count(chat.marker_ids[IM_END]) == 1  # the observation's own "<|im_end|>" text is not the token
     parsed = chat.parse(tok.decode(sampled))
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("view", {"path": "a.py"})] and not parsed.errors
+
+
+def test_smollm2_batch_invariant_engine_equals_the_trainer_bit_for_bit(smollm2):
+    import asyncio
+
+    from flywheel.inference.local import LocalEngine
+    from flywheel.modeling.batch_invariant import BatchInvariantForward
+    from flywheel.policy.logprobs import logprobs_from_logits
+    from flywheel.types import SamplingParams
+
+    model = load_model(smollm2, "float32")
+    model.config.max_position_embeddings = 256
+    prompts = [[1, 504, 3458, 28, 260], [1, 2284, 17, 1021, 6, 9, 44, 100, 7, 5, 8080, 3], [1, 44]]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=5, seed=i) for i in range(len(prompts))]
+
+    async def main():
+        async with LocalEngine(model, batch_invariant=True) as engine:
+            return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
+
+    gens = asyncio.run(main())
+    seqs = [p + g.token_ids for p, g in zip(prompts, gens)]
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+    with torch.no_grad():
+        lp = logprobs_from_logits(BatchInvariantForward(model, 256)(ids)[0][:, :-1], ids[:, 1:])
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        assert lp[i, len(p) - 1:len(p) - 1 + len(g.token_ids)].tolist() == g.logprobs, f"session {i}"

@@ -19,7 +19,7 @@ position p is computed the same way in all of them:
   length: K = 192 vs 384 differ in the last bit), a 64-key product is, and the extra chunks of a longer
   span add exact zeros (probability 0 times a finite value). So a query may be reduced over any
   tile-multiple number of keys >= its span and get the same bits: decode attends a whole batch over the
-  longest span of the batch, in place on the KV pool (`numerics/kv_pool.py`), with no per-row copies;
+  longest span of the batch, in place on the KV pool (`modeling/kv_pool.py`), with no per-row copies;
 * the matmuls run on row blocks that are a multiple of 8 rows (the CPU BLAS picks one kernel family for
   those: measured bit-identical per row for every M = 8k, 1 or 2 threads, MKL on AVX2; M = 1, 2, ... differ),
   with GQA folded into rows ([KV, R * M, hd] @ [KV, hd, L]), never a per-head copy of K;

@@ -6,10 +6,10 @@ whole padded sequences.
     stats.layer_agree, stats.layer_replayed                   # per-layer router agreement (MoE replay)
 
 Why a second forward: the HF forward (SDPA over the whole sequence, other op order) gives each token a
-log-prob ~1e-6 away from the engine's. Here every op is the one `numerics/qwen3.py` runs — the same
+log-prob ~1e-6 away from the engine's. Here every op is the one `modeling/decoder.py` runs — the same
 `linear` (rows padded to a multiple of 16: one BLAS kernel family, one reduction order per row), the same
 RMSNorm and rotary tables, the same MoE expert loop (ascending expert order per token) — and attention
-is `numerics/attention.py`, which the engine also uses when `numerics.batch_invariant = true`. So a
+is `modeling/attention.py`, which the engine also uses when `numerics.batch_invariant = true`. So a
 token's log-prob is bit-identical to the engine's, whatever the batch, the padding or the micro-batch.
 Backward needs no invariance; autograd goes through the same ops.
 

@@ -7,7 +7,7 @@
 
 Why not the HF forward: on a CPU the engine's speed comes from never computing finished sequences or
 prompt padding and from few Python calls per step. Each sequence's cache is a slot of one pool
-(`numerics/kv_pool.py`: k, v [num_layers, num_slots, KV, capacity, hd]); linears run batched over the live
+(`modeling/kv_pool.py`: k, v [num_layers, num_slots, KV, capacity, hd]); linears run batched over the live
 rows only, and a decode step attends over all its rows in place, one SDPA call per layer with a mask of each
 row's length (GQA without copies, no per-row loop, no cache copied).
 
@@ -140,7 +140,7 @@ class DecoderRunner:
         self.cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
         self.sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
         # caches are slots of one pool, so a decode step attends over all its rows in place: one SDPA call
-        # per layer (batch-invariant mode: whole key tiles, numerics/attention.py)
+        # per layer (batch-invariant mode: whole key tiles, modeling/attention.py)
         self.kv_pool = KVPool(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device,
                               max_capacity=max_seq_len)
 
@@ -196,7 +196,7 @@ class DecoderRunner:
         h = rms_norm(h, self.model.model.norm.weight, self.model.model.norm.variance_epsilon)
         head = self.model.lm_head
         bias = getattr(head, "bias", None)
-        if has_fp32_lm_head(head):  # numerics.fp32_lm_head (numerics/lm_head.py)
+        if has_fp32_lm_head(head):  # numerics.fp32_lm_head (modeling/lm_head.py)
             return self._linear(h.float(), head.weight.float(), None if bias is None else bias.float())
         return self._linear(h, head.weight, bias).float()
 

@@ -5,7 +5,7 @@
     step = pool.decode_step([cache_a, cache_b])    # once per decode step: rows, positions, key span
     o = step.attend(layer, q, k_new, v_new, scale) # writes the new keys/values, attends over the pool in place
 
-Why a pool: batch-invariant attention reduces every query over whole 64-key tiles (numerics/attention.py).
+Why a pool: batch-invariant attention reduces every query over whole 64-key tiles (modeling/attention.py).
 With one tensor per sequence, a batched decode step had to copy each sequence's cache span into one stacked
 tensor, per layer and per step (and ran one batch per distinct key span). Here all sequences live in
 k, v [num_layers, num_slots, KV, capacity, hd]; a decode step attends over the view

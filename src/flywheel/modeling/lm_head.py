@@ -1,7 +1,7 @@
 """Float32 logits (`numerics.fp32_lm_head`): the output projection computed in float32 in engine and trainer.
 
     use_fp32_lm_head(model)            # engine's model and trainer's model alike; a no-op for float32 models
-    has_fp32_lm_head(model.lm_head)    # what the native runner (numerics/qwen3.py) checks in `_logits`
+    has_fp32_lm_head(model.lm_head)    # what the native runner (modeling/decoder.py) checks in `_logits`
 
 Why: in bfloat16 a logit of magnitude 8 is rounded to a step of 1/16. Engine and trainer reach the final hidden
 state by different reduction orders (a decode step with a KV cache vs one full-sequence pass), so their

@@ -22,7 +22,7 @@ Why it is built so:
   the padded tokens per rank differ by at most one micro-batch). The packing does not depend on the world size,
   so every rank computes the very same micro-batches a single device would; a rank with fewer micro-batches
   runs zero-weight filler forwards, because every FSDP forward and backward is a collective all ranks must join.
-* **Batch-invariant mode** (`numerics.batch_invariant`) runs the engine's own math (numerics/batch_invariant.py)
+* **Batch-invariant mode** (`numerics.batch_invariant`) runs the engine's own math (modeling/batch_invariant.py)
   instead of the HF forward; FSDP's hooks are registered on its per-layer block (`register_batch_invariant`), so
   each block sees its layer's whole parameters, all-gathered exactly. A row's log-probs then do not depend on the
   rank or micro-batch that holds it (docs/training.md, "Batch invariance across ranks").

@@ -27,7 +27,7 @@ every `checkpoint_every` steps; without it the caller saves when `checkpoint_due
 its state to `save_checkpoint` (orchestrator/loop.py does that).
 
 Batch-invariant mode (`batch_invariant=True`, numerics.batch_invariant): log-probs come from the engine's
-native math (numerics/batch_invariant.py), bit-identical to the engine's; see docs/numerics.md. Sharded, FSDP
+native math (modeling/batch_invariant.py), bit-identical to the engine's; see docs/numerics.md. Sharded, FSDP
 all-gathers each layer's parameters around that math (distributed.register_batch_invariant), so every rank
 computes a row's log-probs bit-identically to one process and to the engine (docs/training.md says where
 invariance across ranks holds and where it does not).
