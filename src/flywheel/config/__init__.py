@@ -421,7 +421,8 @@ class NumericsConfig(Section):
 
     batch_invariant: bool = Field(
         False, description="engine and trainer compute each token's log-prob with one reduction order "
-                           "(bit-identical log-probs; a float32 model of the native registry: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE)")
+                           "(bit-identical log-probs; a float32 model of the native registry: Llama, Mistral, "
+                           "Qwen2, Qwen3, Qwen3-MoE)")
     fp32_lm_head: bool = Field(
         True, description="engine and trainer compute the logits (the LM head) in float32 whatever the model "
                           "dtype: bf16 rounding of the logits is most of the mismatch router replay leaves "

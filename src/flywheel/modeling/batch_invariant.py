@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.modeling.attention import sequence_attention
-from flywheel.modeling.decoder import DecoderRunner, linear, mix_experts, rms_norm
+from flywheel.modeling.decoder import DecoderRunner, linear, mix_experts
 from flywheel.modeling.families import native_family
 
 MODEL_METHOD = "flywheel_bi_forward"  # the model's attribute running the whole batch-invariant forward
@@ -159,16 +159,16 @@ class BatchInvariantForward:
         """One decoder layer on x [N = B*T, D]: (x, (agreed, replayed) when experts were replayed, else None)."""
         run = self.runner
         n = b * t
-        attn = layer.self_attn
-        h = rms_norm(x, layer.input_layernorm.weight, run.eps)
-        q, k, v = run.qkv(attn, h, cos, sin)  # [N, H, hd], [N, KV, hd]
-        o = sequence_attention(q.view(b, t, run.num_heads, run.head_dim),
-                               k.view(b, t, run.num_kv_heads, run.head_dim),
-                               v.view(b, t, run.num_kv_heads, run.head_dim), run.scaling).reshape(n, -1)
-        x = x + linear(o, attn.o_proj.weight, attn.o_proj.bias)
-        h = rms_norm(x, layer.post_attention_layernorm.weight, run.eps)
+
+        def attend(q, k, v):  # [N, H, hd], [N, KV, hd] over whole sequences -> [N, H*hd]
+            return sequence_attention(q.view(b, t, run.num_heads, run.head_dim),
+                                      k.view(b, t, run.num_kv_heads, run.head_dim),
+                                      v.view(b, t, run.num_kv_heads, run.head_dim), run.scaling).reshape(n, -1)
+
         if not hasattr(layer.mlp, "experts"):
-            return x + run.mlp_block(layer.mlp, h)[0], None
+            return run.block(layer, x, cos, sin, attend)[0], None
         stats = RoutingStats()
-        x = x + moe_block(run, layer.mlp, h, replay, stats if replay is not None else None, apply_replay)
+        x, _ = run.block(layer, x, cos, sin, attend,
+                         lambda mlp, h: (moe_block(run, mlp, h, replay, stats if replay is not None else None,
+                                                   apply_replay), None))
         return x, ((stats.layer_agree[0], stats.layer_replayed[0]) if replay is not None else None)

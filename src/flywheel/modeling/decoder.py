@@ -28,7 +28,10 @@ padded to ROW_TILE, and attention computed the same way in prefill, decode and t
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -200,6 +203,21 @@ class DecoderRunner:
             return self._linear(h.float(), head.weight.float(), None if bias is None else bias.float())
         return self._linear(h, head.weight, bias).float()
 
+    def block(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+              mlp: Callable[[Any, torch.Tensor], tuple[torch.Tensor, Any]] | None = None):
+        """One decoder layer on rows x [M, D]: (x, the MLP's second result: routed expert ids or None).
+
+        The one layer of every path: prefill, decode and the trainer's exact forward differ only in `attend`
+        (q [M, H, hd], k and v [M, KV, hd] -> [M, H*hd]: into a cache, over the pool, or over whole sequences)
+        and, for the trainer's router replay, in `mlp` (default `mlp_block`)."""
+        attn = layer.self_attn
+        h = rms_norm(x, layer.input_layernorm.weight, self.eps)
+        q, k, v = self.qkv(attn, h, cos, sin)
+        x = x + self._linear(attend(q, k, v), attn.o_proj.weight, attn.o_proj.bias)
+        h, extra = (mlp or self.mlp_block)(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
+        return x + h, extra
+
     # ---- public ------------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -218,21 +236,16 @@ class DecoderRunner:
                 if start else None)
         routed = []
         for li, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = rms_norm(x, layer.input_layernorm.weight, self.eps)
-            q, k, v = self.qkv(attn, h, cos, sin)
-            cache.k[li, :, start:n] = k.transpose(0, 1)
-            cache.v[li, :, start:n] = v.transpose(0, 1)
-            if self.batch_invariant:
-                o = bi_attention.prefill_attention(q, cache.k[li], cache.v[li], self.scaling)  # [T, H*hd]
-            else:
+            def attend(q, k, v, li=li):  # into the cache, then over it (batch-invariant: whole key tiles)
+                cache.k[li, :, start:n] = k.transpose(0, 1)
+                cache.v[li, :, start:n] = v.transpose(0, 1)
+                if self.batch_invariant:
+                    return bi_attention.prefill_attention(q, cache.k[li], cache.v[li], self.scaling)  # [T, H*hd]
                 o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache.k[li, :, :n][None],
                                                    cache.v[li, :, :n][None], attn_mask=mask, is_causal=mask is None,
                                                    scale=self.scaling, enable_gqa=True)  # [1, H, T, hd]
-                o = o[0].transpose(0, 1).reshape(n - start, -1)
-            x = x + self._linear(o, attn.o_proj.weight, attn.o_proj.bias)
-            h, top_i = self.mlp_block(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
-            x = x + h
+                return o[0].transpose(0, 1).reshape(n - start, -1)
+            x, top_i = self.block(layer, x, cos, sin, attend)
             if top_i is not None:
                 routed.append(top_i[-1])
         cache.length = n
@@ -250,13 +263,8 @@ class DecoderRunner:
         routed = []
         attend = step.attend if self.batch_invariant else step.attend_sdpa
         for li, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = rms_norm(x, layer.input_layernorm.weight, self.eps)
-            q, k, v = self.qkv(attn, h, cos, sin)
-            o = attend(li, q, k, v, self.scaling)  # [B, H*hd], over the pool in place, all rows at once
-            x = x + self._linear(o, attn.o_proj.weight, attn.o_proj.bias)
-            h, top_i = self.mlp_block(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
-            x = x + h
+            # over the pool in place, all rows at once: [B, H*hd]
+            x, top_i = self.block(layer, x, cos, sin, functools.partial(attend, li, scale=self.scaling))
             if top_i is not None:
                 routed.append(top_i)
         for c in caches:
