@@ -113,3 +113,26 @@ def test_smollm2_batch_invariant_engine_equals_the_trainer_bit_for_bit(smollm2):
         lp = logprobs_from_logits(BatchInvariantForward(model, 256)(ids)[0][:, :-1], ids[:, 1:])
     for i, (p, g) in enumerate(zip(prompts, gens)):
         assert lp[i, len(p) - 1:len(p) - 1 + len(g.token_ids)].tolist() == g.logprobs, f"session {i}"
+
+
+def test_a_tokenizer_without_chatml_turn_tokens_is_one_line(tmp_path, capsys):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from flywheel.tasks.loaders import save_tasks
+    from flywheel.tasks.synth import generate_tasks
+
+    raw = Tokenizer(models.BPE(unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.train_from_iterator(["def f(x): return x + 1\n"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["[UNK]", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>")
+    tok.save_pretrained(tmp_path / "m")
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "m")
+    save_tasks(generate_tasks(1, seed=0, split="heldout", difficulty="easy"), tmp_path / "t.jsonl")
+    code = main(["eval", "--tasks", str(tmp_path / "t.jsonl"), "--model", str(tmp_path / "m"), "--out",
+                 str(tmp_path / "e.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("flywheel eval: the tokenizer has no '<|im_start|>' token")
+    assert not any("Traceback" in line for line in err)

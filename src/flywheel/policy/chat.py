@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
+from flywheel.config import ConfigError
 from flywheel.types import Message, ToolCall, ToolCallError
 
 if TYPE_CHECKING:
@@ -98,6 +99,11 @@ CHAT_TEMPLATE = r"""
   {{- '<|im_start|>assistant\n' -}}
 {%- endif -%}
 """.strip()
+
+
+class TokenizerError(ConfigError):
+    """The model's tokenizer cannot carry flywheel's chat format; the message says what to change. A ConfigError:
+    the command line prints it as one line (the model directory is the user's choice)."""
 
 
 @dataclass
@@ -289,7 +295,7 @@ class ChatFormat:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None):
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
-            raise ValueError("the chat format needs a fast (Rust `tokenizers`-backed) Hugging Face tokenizer; save "
+            raise TokenizerError("the chat format needs a fast (Rust `tokenizers`-backed) Hugging Face tokenizer; save "
                              "the model's tokenizer with tokenizer.json (`flywheel models import` does)")
         self.tokenizer = tokenizer
         self.tools = normalize_tools(tools)
@@ -313,7 +319,7 @@ class ChatFormat:
                 self.marker_ids[marker] = ids[0]
                 self.marker_tokens[marker] = ids
             elif marker in (IM_START, IM_END):
-                raise ValueError(f"the tokenizer has no {marker!r} token: flywheel renders ChatML turns, whose "
+                raise TokenizerError(f"the tokenizer has no {marker!r} token: flywheel renders ChatML turns, whose "
                                  "markers must be single tokens. Use a model with a ChatML chat template (Qwen, "
                                  "SmolLM2), or train a tokenizer with flywheel.policy.tokenizer.train_tokenizer")
             elif marker != ENDOFTEXT:
