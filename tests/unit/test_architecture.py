@@ -8,7 +8,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "flywheel"
 # Lowest first. A package may import its own modules and those of packages in lower layers, nothing else.
 LAYERS = [
     {"types", "config", "background"},
-    {"sandbox", "policy", "numerics", "weights"},
+    {"sandbox", "policy", "modeling", "weights"},
     {"tasks", "inference", "trainer"},
     {"envs", "rollout"},
     {"metrics"},
