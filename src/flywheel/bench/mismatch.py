@@ -1,6 +1,7 @@
 """Train-inference mismatch: default vs batch-invariant vs router replay, dense and MoE, in one run.
 
     flywheel bench mismatch --out benchmarks/results/mismatch.json [--quick]
+    flywheel bench mismatch --model models/smollm2 --out FILE      # one real model: default and batch-invariant
 
 For each preset (`tiny`, `tiny-moe`) the engine serves one agent-like workload (N concurrent sessions,
 random prompts, sampled at temperature 1, seeded) in its default mode and in batch-invariant mode; the
@@ -47,7 +48,7 @@ import torch
 from flywheel.config import ModelConfig, TrainerConfig
 from flywheel.inference.local import LocalEngine
 from flywheel.modeling.lm_head import use_fp32_lm_head
-from flywheel.policy.model import build_model
+from flywheel.policy.model import build_model, load_model
 from flywheel.trainer.replay import record_routing, router_replay
 from flywheel.trainer.train import Trainer
 from flywheel.types import Generation, Reward, SamplingParams, Segment, Trajectory
@@ -216,8 +217,11 @@ def _used_expert_agreement(model, prompts, gens) -> dict[str, float]:
 
 
 def _preset(preset: str, quick: bool, repeats: int) -> dict:
-    model = build_model(ModelConfig(preset=preset, max_seq_len=1024), vocab_size=VOCAB)
-    moe = preset == "tiny-moe"
+    return _measure(build_model(ModelConfig(preset=preset, max_seq_len=1024), vocab_size=VOCAB), preset == "tiny-moe",
+                    quick, repeats)
+
+
+def _measure(model, moe: bool, quick: bool, repeats: int) -> dict:
     prompts, params = _workload(quick)
     engine_tps: dict[str, list[float]] = {"default": [], "batch_invariant": []}
     engine_cpu: dict[str, list[float]] = {"default": [], "batch_invariant": []}
@@ -267,11 +271,31 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
     return result
 
 
+def _run_model(model_dir: str, dtype: str, quick: bool, repeats: int) -> dict:
+    """`--model DIR`: the default and batch-invariant modes on one dense model (float32: what the mode needs)."""
+    model = load_model(model_dir, dtype)
+    model.config.max_position_embeddings = min(model.config.max_position_embeddings, 1024)
+    model.config.eos_token_id = None  # every session generates its full length, as on the presets
+    measured = _measure(model, False, quick, repeats)
+    modes = measured["modes"]
+    summary = {"model": model_dir, "model_type": model.config.model_type, "dtype": dtype,
+               "bi_max_abs_dlogp": modes["batch_invariant"]["max_abs_dlogp"],
+               "bi_engine_cost": modes["batch_invariant"]["engine_cost"],
+               "bi_trainer_cost": modes["batch_invariant"]["trainer_cost"],
+               "k3_default": modes["default"]["k3"], "default_max_abs_dlogp": modes["default"]["max_abs_dlogp"],
+               "quick": quick}
+    return {"summary": summary, "model": measured}
+
+
 def run(args) -> dict:
     quick = bool(getattr(args, "quick", False))
     repeats = 1 if quick else 5
     threads = torch.get_num_threads()
     load_start = os.getloadavg()
+    if getattr(args, "model", None):
+        result = _run_model(args.model, getattr(args, "dtype", None) or "float32", quick, 1 if quick else 3)
+        result["summary"].update(load_avg_start=load_start, load_avg_end=os.getloadavg())
+        return result
     torch.set_num_threads(1)
     try:
         presets = {p: _preset(p, quick, repeats) for p in ("tiny", "tiny-moe")}
