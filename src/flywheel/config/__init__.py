@@ -121,10 +121,10 @@ class EnvConfig(Section):
                                  "not run unless `test_unsubmitted`")
     test_unsubmitted: bool = Field(False, description="under `require_submit`, run the hidden tests of a session "
                                    "that did not submit anyway (their results go to the logs only; costs a sandbox)")
-    suite_verdict: bool = Field(True, description="grade pytest tasks by the suite verdict (envs/suite.py: each "
-                                "FAIL_TO_PASS test alone, beside a twin that must fail); false = all tests in one "
-                                "guarded interpreter, whose verdict the code under test can reach (rewards carry "
-                                "`in_process_verdict`), for suites whose tests cannot run one at a time")
+    suite_verdict: bool = Field(True, description="grade pytest tasks by the suite verdict (envs/suite.py: a real "
+                                "run, then twin runs with one FAIL_TO_PASS expected value changed, which a correct "
+                                "fix must fail); false = all tests in one guarded interpreter, whose verdict the "
+                                "code under test can reach (rewards carry `in_process_verdict`)")
     grade_parallel: int = Field(2, ge=1, le=256, description="sandboxes one grading by the suite verdict runs at "
                                 "once (envs/suite.py: the real run and each twin run in their own)")
     max_twins: int = Field(3, ge=1, le=1024, description="FAIL_TO_PASS tests per grading that get a twin run (one "

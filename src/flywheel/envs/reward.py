@@ -66,7 +66,7 @@ from flywheel.envs.calls import grade_calls
 from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
 from flywheel.envs.junit import junit_key, parse_junit, statuses_of
-from flywheel.envs.suite import grade_suite, runs_pytest
+from flywheel.envs.suite import PYTEST_ENV, grade_suite, runs_pytest
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.services import TaskServices
 from flywheel.sandbox.workspace import base_permissions
@@ -88,7 +88,6 @@ PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyprojec
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}  # never copied to grading (changes.py captures the same)
 _EXIT_RX = re.compile(r"\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|\bos\s*\.\s*kill\b|(?<![\w.])(?:exit|quit)\s*\(")
 _PLUGIN_RX = re.compile(r"\bpytest_plugins\b|^\s*def\s+pytest_\w+\s*\(", re.MULTILINE)
-PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,12 +48,10 @@ from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.tasks.loaders import file_of_test, node_parts, original_file
 from flywheel.types import Task
 
-PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # every grading run (reward.py imports it)
 # pytest's config files in the order it tries them in each directory, and the section each must hold to count
 CONFIG_FILES = (("pytest.ini", None), (".pytest.ini", None), ("pyproject.toml", "[tool.pytest"),
                 ("tox.ini", "[pytest]"), ("setup.cfg", "[tool:pytest]"))
-
-
 SMALL_SUITE = 32  # PASS_TO_PASS tests up to this many go into every run
 
 
