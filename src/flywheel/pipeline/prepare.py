@@ -1,20 +1,24 @@
 """Prepare a run: its task sets and its tokenizer, cached in the run directory.
 
     train, heldout = prepare_tasks(cfg, run_dir)
-    tokenizer = prepare_tokenizer(cfg, run_dir, train)
+    pretrained = prepare_pretrained(cfg, run_dir)          # model.import_from, imported once; else None
+    tokenizer = prepare_tokenizer(cfg, run_dir, train, pretrained)
 
 Tasks come from `cfg.tasks` / `cfg.eval_tasks` (any format `load_tasks` reads) or, when those are empty,
 from the synthetic generator (train and held-out splits never share a function). Broken tasks in a file
 are reported by id and skipped. The tokenizer is trained on the standard-library corpus plus the task
-texts, so code, statements and tool calls tokenize compactly.
+texts, so code, statements and tool calls tokenize compactly. A pretrained model (`model.import_from`) is
+imported into `<run_dir>/pretrained` (policy/model_import.py) and brings its own tokenizer and chat template.
 """
 
 from __future__ import annotations
 
 import itertools
+import shutil
 from pathlib import Path
 
 from flywheel.config import FlywheelConfig
+from flywheel.policy.model_import import import_model
 from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer
 from flywheel.tasks.loaders import load_tasks, save_tasks
 from flywheel.tasks.synth import Split, generate_tasks
@@ -61,10 +65,29 @@ def task_corpus(tasks: list[Task]):
                 yield text
 
 
-def prepare_tokenizer(cfg: FlywheelConfig, run_dir: Path, tasks: list[Task]):
-    """Load `tokenizer.path`, or train one on the default corpus plus task texts (cached in run_dir)."""
+def prepare_pretrained(cfg: FlywheelConfig, run_dir: Path) -> Path | None:
+    """Import `model.import_from` into `<run_dir>/pretrained` (once, in `model.dtype`); None when it is unset."""
+    if not cfg.model.import_from:
+        return None
+    out = run_dir / "pretrained"
+    if not (out / "flywheel_import.json").exists():
+        shutil.rmtree(out, ignore_errors=True)  # an import this job started and did not finish
+        import_model(cfg.model.import_from, out, dtype=cfg.model.dtype)
+    return out
+
+
+def tokenizer_dir(cfg: FlywheelConfig, run_dir: Path) -> Path:
+    """Where the run's tokenizer lives: `tokenizer.path`, the imported model's, or the one trained for the run."""
     if cfg.tokenizer.path:
-        return load_tokenizer(cfg.tokenizer.path)
+        return Path(cfg.tokenizer.path)
+    return run_dir / ("pretrained" if cfg.model.import_from else "tokenizer")
+
+
+def prepare_tokenizer(cfg: FlywheelConfig, run_dir: Path, tasks: list[Task], pretrained: Path | None = None):
+    """Load `tokenizer.path` or the pretrained model's, or train one on the default corpus plus task texts
+    (cached in run_dir)."""
+    if cfg.tokenizer.path or pretrained is not None:
+        return load_tokenizer(tokenizer_dir(cfg, run_dir))
     out = run_dir / "tokenizer"
     if (out / "tokenizer.json").exists():
         return load_tokenizer(out)
