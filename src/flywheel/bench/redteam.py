@@ -21,7 +21,6 @@ The same cases are the red-team test suite (tests/redteam/), which must pass in 
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import tempfile

@@ -1,4 +1,5 @@
 """Weight-sync benchmark: `flywheel bench weights --out FILE [--quick] [--base runs/demo/base_model]`.
+(`--model RUN_DIR`: the same codec figures on a finished real run's own versions, bench/weights_run.py.)
 
 Codec, on the weights an engine really receives: every version the trainer publishes in two short RL runs
 of the demo config (`configs/demo.toml`: its tasks and mid-trained base, built and cached by
@@ -248,6 +249,9 @@ def e2e_bench(snaps: list[dict[str, torch.Tensor]], num_subs: int, preset: str, 
 
 
 def run(args: Any) -> dict:
+    if getattr(args, "model", None):  # a real run's versions (bench/weights_run.py)
+        from flywheel.bench.weights_run import run as run_on_a_run
+        return run_on_a_run(args)
     quick = bool(getattr(args, "quick", False))
     load_start = os.getloadavg()
     codec = codec_bench(quick, getattr(args, "base", None))

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, choices=["tiny", "small"], help="engine --engines: the model preset "
                    "(default tiny; small = 32M parameters)")
     p.add_argument("--model", default=None, metavar="DIR", help="engine, mismatch: a model directory (e.g. one "
-                   "`flywheel models import` wrote) instead of the preset")
+                   "`flywheel models import` wrote) instead of the preset; weights: a finished RL run's directory "
+                   "(e.g. runs/real), whose own published versions are measured")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="engine, mismatch: dtype of --model "
                    "(default: bfloat16 for engine, float32 for mismatch)")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
