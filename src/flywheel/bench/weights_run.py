@@ -59,11 +59,14 @@ def run_versions(run_dir: Path) -> list[tuple[int, dict[str, torch.Tensor]]]:
 
 def _swap_pauses(model_dir: Path, versions: list[dict[str, torch.Tensor]], dtype: torch.dtype) -> dict[str, float]:
     model = load_model(model_dir, str(dtype).removeprefix("torch."))
+    model.config.eos_token_id = None  # every request decodes all its tokens, so the swap lands mid-request
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
 
     async def main():
         async with LocalEngine(model, max_batch_size=64) as engine:
             await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))  # warm-up
-            rows = [await _swap_pause(engine, {k: t.to(dtype) for k, t in new.items()}, 128, 128) for new in versions]
+            rows = [await _swap_pause(engine, {k: t.to(dtype) for k, t in new.items()}, 128, 512) for new in versions]
         return rows
 
     rows = asyncio.run(main())
