@@ -126,7 +126,7 @@ async def _decode_rates(engine, model, batch, prompt_len, num_tokens, repeats) -
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
-async def _swap_pause(engine, new_weights, prompt_len, num_tokens):
+async def swap_pause(engine, new_weights, prompt_len, num_tokens):
     ids = torch.randint(0, 2048, (8, prompt_len), generator=torch.Generator().manual_seed(2)).tolist()
     engine.step_log.clear()
     old = engine.version
@@ -210,7 +210,7 @@ def run(args) -> dict:
             eng["ttft_alone_256_ms"] = statistics.median(ttft_alone) * 1000
             # last: the swaps change the model's weights
             swap_tokens = 4 * decode_tokens if not model_dir else max(4 * decode_tokens, 256)  # slower steps
-            swaps = [await _swap_pause(engine, new_weights, decode_prompt, swap_tokens)
+            swaps = [await swap_pause(engine, new_weights, decode_prompt, swap_tokens)
                      for _ in range(max(3, repeats))]
             eng["swap_pause_ms"] = statistics.median(s[0] for s in swaps)
             eng["swap_lock_held_ms"] = statistics.median(s[1] for s in swaps)

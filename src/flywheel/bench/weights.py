@@ -69,7 +69,7 @@ def make_checkpoints(lr: float, num_warmup: int, num_versions: int, preset: str 
     return out
 
 
-class _UpTo:
+class UpTo:
     """A weight store seen as if `version` were its newest (a Subscriber installs the newest it sees)."""
 
     def __init__(self, store: Any, version: int):
@@ -101,18 +101,18 @@ def rl_checkpoints(quick: bool, lr: float | None, num_steps: int,
         store = WeightStore(str(run_dir / "weights"))
     out = []
     for v in store.list_versions():
-        sub = Subscriber(_UpTo(store, v), num_threads=1)
+        sub = Subscriber(UpTo(store, v), num_threads=1)
         assert sub.poll() == v, f"could not read version {v} back from {store}"
         out.append({k: t.clone() for k, t in sub.tensors.items()})
         sub.close()
     return out
 
 
-def _flat(sd: Mapping[str, torch.Tensor]) -> np.ndarray:
+def flat_bits(sd: Mapping[str, torch.Tensor]) -> np.ndarray:
     return np.concatenate([to_bits(t) for t in sd.values()])
 
 
-def _codec_figures(old: np.ndarray, new: np.ndarray, chunk_bytes: int, zipnn_obj: Any) -> dict:
+def codec_figures(old: np.ndarray, new: np.ndarray, chunk_bytes: int, zipnn_obj: Any) -> dict:
     enc_s = dec_s = enc_cpu_s = dec_cpu_s = float("inf")
     for _ in range(3):  # best of 3: the machine is shared, the first call pays page faults (and kernel loading)
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -138,11 +138,11 @@ def _codec_figures(old: np.ndarray, new: np.ndarray, chunk_bytes: int, zipnn_obj
     return r
 
 
-def _median(xs: list[float]) -> float:
+def median_of(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else float("nan")
 
 
-def _zipnn(dtype: str) -> Any:
+def zipnn_codec(dtype: str) -> Any:
     try:
         import zipnn  # optional: the baseline is reported when it is installed
     except ImportError:
@@ -158,15 +158,15 @@ def codec_bench(quick: bool, base_dir: str | None = None) -> dict:
         torch.set_num_threads(threads)
         snaps = rl_checkpoints(quick, lr, num_steps, base_dir)
         for dtype in ("float32", "bfloat16"):
-            flat = [_flat({k: v.to(getattr(torch, dtype)) for k, v in s.items()}) for s in snaps]
-            zobj = _zipnn(dtype)
+            flat = [flat_bits({k: v.to(getattr(torch, dtype)) for k, v in s.items()}) for s in snaps]
+            zobj = zipnn_codec(dtype)
             torch.set_num_threads(1)  # encode/decode on one core
-            consec = [_codec_figures(flat[i - 1], flat[i], 4 << 20, zobj) for i in range(1, len(flat))]
-            lag4 = [_codec_figures(flat[i - 4], flat[i], 4 << 20, zobj) for i in range(4, len(flat))]
+            consec = [codec_figures(flat[i - 1], flat[i], 4 << 20, zobj) for i in range(1, len(flat))]
+            lag4 = [codec_figures(flat[i - 4], flat[i], 4 << 20, zobj) for i in range(4, len(flat))]
             results[f"{run_name}_{dtype}"] = {
                 "num_params": int(flat[0].shape[0]), "num_versions": len(flat), "consecutive": consec, "lag4": lag4,
-                "median_consecutive": {k: _median([c[k] for c in consec]) for k in consec[0] if k != "bit_exact"},
-                "median_lag4": {k: _median([c[k] for c in lag4]) for k in lag4[0] if k != "bit_exact"},
+                "median_consecutive": {k: median_of([c[k] for c in consec]) for k in consec[0] if k != "bit_exact"},
+                "median_lag4": {k: median_of([c[k] for c in lag4]) for k in lag4[0] if k != "bit_exact"},
                 "bit_exact": all(c["bit_exact"] for c in consec + lag4)}
     torch.set_num_threads(threads)
     return results
@@ -272,10 +272,10 @@ def run(args: Any) -> dict:
                         f"zstd_xor_ratio_{name}": med["zstd_xor_ratio"], f"zipnn_xor_ratio_{name}": med.get("zipnn_xor_ratio"),
                         f"zstd_new_ratio_{name}": med["zstd_new_ratio"], f"ratio_lag4_{name}": lag["ratio"]})
     summary.update({
-        "encode_gbps_1core": _median([c["median_consecutive"]["encode_gbps"] for c in codec.values()]),
-        "decode_gbps_1core": _median([c["median_consecutive"]["decode_gbps"] for c in codec.values()]),
-        "encode_gbps_1core_cpu": _median([c["median_consecutive"]["encode_gbps_cpu"] for c in codec.values()]),
-        "decode_gbps_1core_cpu": _median([c["median_consecutive"]["decode_gbps_cpu"] for c in codec.values()]),
+        "encode_gbps_1core": median_of([c["median_consecutive"]["encode_gbps"] for c in codec.values()]),
+        "decode_gbps_1core": median_of([c["median_consecutive"]["decode_gbps"] for c in codec.values()]),
+        "encode_gbps_1core_cpu": median_of([c["median_consecutive"]["encode_gbps_cpu"] for c in codec.values()]),
+        "decode_gbps_1core_cpu": median_of([c["median_consecutive"]["decode_gbps_cpu"] for c in codec.values()]),
         "bit_exact": all(v["bit_exact"] for v in codec.values()),
         **({"pause_ms_p50": e2e[top]["pause_ms_p50"], f"sync_ms_p99_{top}subs": e2e[top]["sync_ms_p99"]} if e2e else {}),
         **{f"sync_ms_p50_{n}subs": r["sync_ms_p50"] for n, r in e2e.items()},

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from flywheel.bench.engine import _swap_pause
-from flywheel.bench.weights import _codec_figures, _flat, _median, _UpTo, _zipnn
+from flywheel.bench.engine import swap_pause
+from flywheel.bench.weights import UpTo, codec_figures, flat_bits, median_of, zipnn_codec
 from flywheel.inference.local import LocalEngine
 from flywheel.policy.model import load_model
 from flywheel.types import SamplingParams
@@ -45,7 +45,7 @@ def run_versions(run_dir: Path) -> list[tuple[int, dict[str, torch.Tensor]]]:
     store = WeightStore(str(store_dir))
     out = []
     for v in store.list_versions():
-        sub = Subscriber(_UpTo(store, v), num_threads=1)
+        sub = Subscriber(UpTo(store, v), num_threads=1)
         if sub.poll() != v:
             raise ValueError(f"could not read version {v} back from {store_dir}")
         out.append((v, {k: t.clone() for k, t in sub.tensors.items()}))
@@ -66,7 +66,7 @@ def _swap_pauses(model_dir: Path, versions: list[dict[str, torch.Tensor]], dtype
     async def main():
         async with LocalEngine(model, max_batch_size=64) as engine:
             await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))  # warm-up
-            rows = [await _swap_pause(engine, {k: t.to(dtype) for k, t in new.items()}, 128, 512) for new in versions]
+            rows = [await swap_pause(engine, {k: t.to(dtype) for k, t in new.items()}, 128, 512) for new in versions]
         return rows
 
     rows = asyncio.run(main())
@@ -84,15 +84,15 @@ def run(args: Any) -> dict:
     codec: dict[str, Any] = {}
     threads = torch.get_num_threads()
     for dtype in sorted({str(published).removeprefix("torch."), "bfloat16"}):
-        flat = [(v, _flat({k: t.to(getattr(torch, dtype)) for k, t in sd.items()})) for v, sd in versions]
-        zobj = _zipnn(dtype)
+        flat = [(v, flat_bits({k: t.to(getattr(torch, dtype)) for k, t in sd.items()})) for v, sd in versions]
+        zobj = zipnn_codec(dtype)
         torch.set_num_threads(1)  # encode/decode on one core
-        pairs = [_codec_figures(a, b, CHUNK_BYTES, zobj) | {"versions": [va, vb]}
+        pairs = [codec_figures(a, b, CHUNK_BYTES, zobj) | {"versions": [va, vb]}
                  for (va, a), (vb, b) in zip(flat, flat[1:]) if vb == va + 1]
         torch.set_num_threads(threads)
         keys = [k for k in pairs[0] if k not in ("bit_exact", "versions")]
         codec[dtype] = {"num_params": int(flat[0][1].shape[0]), "full_bytes": int(flat[0][1].nbytes),
-                        "consecutive": pairs, "median": {k: _median([p[k] for p in pairs]) for k in keys},
+                        "consecutive": pairs, "median": {k: median_of([p[k] for p in pairs]) for k in keys},
                         "bit_exact": all(p["bit_exact"] for p in pairs)}
     model_dir = run_dir / "final_model" if (run_dir / "final_model").is_dir() else run_dir / "base_model"
     swap = _swap_pauses(model_dir, [sd for _, sd in versions[1:4]], published)
