@@ -69,7 +69,7 @@ $(REAL): $(RUNTIME)
 	touch $(REAL)
 
 demo-real: $(REAL)
-	$(VENV)/bin/flywheel demo --config configs/real.toml
+	$(VENV)/bin/flywheel demo configs/real.toml
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests

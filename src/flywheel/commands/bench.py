@@ -9,15 +9,26 @@ beside them. `flywheel bench table` renders every result file into docs/benchmar
 from __future__ import annotations
 
 import argparse
+import ast
 import pkgutil
+from pathlib import Path
 
 HELP = "run a benchmark target and write its JSON"
 
 
 def _targets() -> list[str]:
+    """The public modules of flywheel.bench that define `run(args)`, read from their source (importing them
+    would import torch into `--help`); a shared helper module without `run` is no target."""
     from flywheel import bench
 
-    return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
+    names = []
+    for m in pkgutil.iter_modules(bench.__path__):
+        if m.name.startswith("_"):
+            continue
+        tree = ast.parse((Path(bench.__path__[0]) / f"{m.name}.py").read_text(encoding="utf-8"))
+        if any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in tree.body):
+            names.append(m.name)
+    return sorted(names)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,7 +65,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib
     import json
-    from pathlib import Path
 
     from flywheel.bench._machine import load_average, machine_info, provenance
 

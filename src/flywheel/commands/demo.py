@@ -12,7 +12,8 @@ ACCEPTS_OVERRIDES = True
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="configs/demo.toml", help="config file (default: configs/demo.toml)")
+    p.add_argument("config", nargs="?", default="configs/demo.toml", help="config file (default: configs/demo.toml)")
+    p.add_argument("--config", dest="config_opt", default=None, help=argparse.SUPPRESS)  # the older spelling
     p.add_argument("--resume", action="store_true", help="continue the run in run_dir")
     p.add_argument("--fresh", action="store_true", help="delete an existing run_dir first")
 
@@ -20,4 +21,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from flywheel.commands.train import start
 
-    return start(args.config, args.overrides, resume=args.resume, fresh=args.fresh)
+    return start(args.config_opt or args.config, args.overrides, resume=args.resume, fresh=args.fresh)

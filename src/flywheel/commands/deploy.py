@@ -23,11 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import datetime
 
+    from flywheel.commands.keys import open_existing_log
     from flywheel.online.deploy import deployed_version, rollback
-    from flywheel.online.events import EventLog
 
     try:
-        elog = EventLog(args.db)
+        elog = open_existing_log(args.db)
         if args.action == "rollback":
             ev = rollback(elog, "manual: " + args.reason if args.reason.strip() else "")
             print(f"rollback to version {ev.version} (event {ev.seq}): {ev.reason}")
@@ -38,5 +38,7 @@ def run(args: argparse.Namespace) -> int:
     for ev in events:
         when = datetime.datetime.fromtimestamp(ev.created_s, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
         print(f"{when}  {ev.kind:<11} v{ev.version}  {ev.reason}")
-    print(f"deployed: version {deployed_version(events)}")
+    version = deployed_version(events)
+    print(f"deployed: version {version}" if version is not None else "deployed: none yet (`flywheel serve` deploys "
+          "version 0 at its first start)")
     return 0

@@ -30,18 +30,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=64, help="sessions open at once; more get 503")
     p.add_argument("--idle-timeout-s", type=float, default=600.0, help="a session untouched this long is closed")
     p.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body; larger get 413")
+    p.add_argument("--skip-broken", action="store_true", help="serve the usable tasks of a --tasks file with broken "
+                   "lines (default: refuse the file)")
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import tempfile
 
-    from flywheel.config import load_config
+    from flywheel.config import UserError, load_config
     from flywheel.envs.remote_server import EnvServer
     from flywheel.tasks.loaders import load_tasks
 
     cfg = load_config(args.config, args.overrides)
     if args.token_file:
+        if not Path(args.token_file).is_file():
+            raise UserError(f"--token-file {args.token_file}: no such file; write the token there first (e.g. "
+                            f"`openssl rand -hex 16 > {args.token_file}`), or set $FLYWHEEL_ENV_TOKEN")
         token = Path(args.token_file).read_text().strip()
     else:
         token = os.environ.get("FLYWHEEL_ENV_TOKEN", "")
@@ -52,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     tasks = None
     if args.tasks:
         load = load_tasks(args.tasks)
+        if load.errors and not args.skip_broken:
+            first = "; ".join(f"line {e.line} ({e.task_id or '?'}): {e.reason}" for e in load.errors[:3])
+            raise UserError(f"{len(load.errors)} broken task(s) in '{args.tasks}': {first}. Fix them (`flywheel "
+                            f"tasks check {args.tasks}` explains each), or pass --skip-broken to serve the "
+                            f"{len(load.tasks)} usable ones")
         for e in load.errors:
             print(f"flywheel env-server: skipping broken task {e}", file=sys.stderr)
         tasks = {t.id: t for t in load.tasks}

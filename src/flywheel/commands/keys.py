@@ -12,6 +12,23 @@ import argparse
 HELP = "create, list or revoke API keys of `flywheel serve` (stored hashed)"
 
 
+def open_existing_log(db: str):
+    """The event log at `db`, refused when it is a SQLite file that does not exist: a mistyped --db would
+    otherwise create an empty log and answer from it. Only `flywheel serve` creates the log."""
+    from pathlib import Path
+
+    from flywheel.config import UserError
+    from flywheel.online.events import EventLog
+
+    if "://" not in db and not Path(db).expanduser().is_file():
+        raise UserError(f"--db {db}: no event log there. Pass the file `flywheel serve` writes (online.serve.db_url; "
+                        f"default <run_dir>/online.db, e.g. runs/online/online.db), or start `flywheel serve` "
+                        f"first: it creates the log")
+    if db.startswith("sqlite:///") and not Path(db.removeprefix("sqlite:///")).is_file():
+        raise UserError(f"--db {db}: no SQLite file there; pass the log `flywheel serve` writes")
+    return EventLog(db)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["add", "list", "revoke"])
     p.add_argument("name", nargs="?", default=None, help="add: the key's name (who uses it); revoke: its key id "
@@ -22,11 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flywheel.online.events import EventLog
     from flywheel.online.keys import new_key
 
     try:
-        elog = EventLog(args.db)
+        elog = open_existing_log(args.db)
         if args.action == "list":
             for k in elog.keys():
                 flag = "\trevoked" if k.revoked else ""

@@ -16,12 +16,13 @@ import argparse
 
 HELP = "serve the policy (OpenAI-compatible API), log feedback, learn online, deploy behind a gate"
 ACCEPTS_OVERRIDES = True
+PORT_OPTION = "--online.serve.port"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", default=None, help="config file (TOML); defaults apply without one")
-    p.add_argument("--model", default=None, help="a saved model directory with its tokenizer (default: the config's "
-                   "model preset and tokenizer)")
+    p.add_argument("--model", default=None, help="a saved model directory with its tokenizer, or a Hub id in the "
+                   "local HF cache (default: the config's model preset and tokenizer)")
     p.add_argument("--key-file", default=None, help="write the API key created at the first start here (mode 600)")
     p.add_argument("--port-file", default=None, help="write {\"port\": N} here once listening (for --online.serve.port 0)")
 

@@ -50,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--verify", action="store_true", help="grade every kept task (fix -> 1, bugged -> 0) and keep "
                    "only those that pass")
     m.add_argument("--report", default=None, help="also write the per-project report (JSON) here")
-    m.add_argument("--config", default=None, help="config file whose [mine] section sets the timeouts and memory "
-                   "limits (default: the defaults of docs/config.md); `--mine.KEY VALUE` overrides one")
+    m.add_argument("config", nargs="?", default=None, help="config file whose [mine] section sets the timeouts and "
+                   "memory limits (default: the defaults of docs/config.md); `--mine.KEY VALUE` overrides one")
+    m.add_argument("--config", dest="config_opt", default=None, help=argparse.SUPPRESS)  # the older spelling
     c = sub.add_parser("check", help="load a task file and report broken tasks")
     c.add_argument("path", help="JSONL task file")
     c.add_argument("--format", default="auto", choices=["auto", "flywheel", "swebench", "humaneval"])
@@ -132,7 +133,7 @@ def _mine(args: argparse.Namespace) -> int:
     from flywheel.tasks.loaders import save_tasks
     from flywheel.tasks.mine import mine_directory, mine_project
 
-    limits = load_config(args.config, args.overrides).mine
+    limits = load_config(args.config or args.config_opt, args.overrides).mine
     cfg = EnvConfig(grade_cache=0, **({"python_envs_dir": args.envs_dir} if args.envs_dir else {}))
     pins = [p.strip() for p in args.projects.split(",") if p.strip()]
     dirs = []

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from flywheel.config.base import ConfigError, Section
+from flywheel.config.base import UserError as UserError
 from flywheel.config.mine import MineConfig
 from flywheel.config.online import OnlineConfig
 

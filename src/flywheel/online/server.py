@@ -190,7 +190,9 @@ async def _record(st: ServingState, rec: KeyRecord, cid: str, req: ChatRequest, 
                   chat: ChatFormat, t0: float) -> tuple[ParsedTurn, str, int]:
     text = st.tokenizer.decode(gen.token_ids)
     parsed = chat.parse(text)
-    parsed.content = trim_stops(parsed.content, req.sampling.stop)
+    # An unusable call (a tool the request did not declare, broken JSON) stays in the reply as the text the
+    # model wrote: the client sees what it said, never an empty message
+    parsed.content = trim_stops(parsed.shown, req.sampling.stop)
     reason = finish_reason(gen.finish_reason, parsed)
     version = min(gen.versions) if gen.versions else st.engine.version
     meta = {"tools": bool(req.tools), "user": req.user, **reply_traits(parsed, bool(req.tools)),

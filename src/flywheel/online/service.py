@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +55,7 @@ from flywheel.online.server import ServingState, build_app
 from flywheel.online.simulator import PreferenceSuite, SuggestionTask
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import build_model, load_model, save_model
+from flywheel.policy.model_dir import check_tokenizer_dir, resolve_model_dir
 from flywheel.policy.tokenizer import get_tokenizer, load_tokenizer, save_tokenizer
 from flywheel.tasks.synth import Split, generate_tasks
 from flywheel.types import Task, Trajectory
@@ -72,7 +75,7 @@ def store_url_of(cfg: FlywheelConfig) -> str:
 
 def load_policy(cfg: FlywheelConfig, model_dir: str | None) -> tuple[Any, Any]:
     """(model, tokenizer): a saved checkpoint dir (with its tokenizer), or the config's preset."""
-    if model_dir:
+    if model_dir:  # checked first (Service.build): config.json, weights, a tokenizer with the chat markers
         return load_model(model_dir, cfg.model.dtype), load_tokenizer(model_dir)
     tok = get_tokenizer(cfg.tokenizer, Path.home() / ".cache" / "flywheel" / "tokenizers")
     model = build_model(cfg.model, len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -89,8 +92,25 @@ def ensure_initial(elog: EventLog, store_url: str, model: Any, anchor_every: int
         elog.append_event("deploy", 0, "initial version (the policy `flywheel serve` started with)")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on now, before the model loads (seconds) and before a key is made.
+
+    An OSError(EADDRINUSE) that the command line reports as one line naming the option to change."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # what aiohttp sets: TIME_WAIT is no clash
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise OSError(errno.EADDRINUSE, f"{host}:{port} is taken") from None
+            raise
+
+
 def ensure_key(elog: EventLog, cfg: FlywheelConfig, key_file: str | None) -> str | None:
-    """Create the `default` key when the log has none; returns it (shown once) or None."""
+    """Create the `default` key when the log has none; returns it (shown once) or None. Called once the API
+    listens: a start that fails before that (a port clash) stores no key it could not show."""
     if elog.keys():
         return None
     key, rec = new_key("default", cfg.online.serve.requests_per_min, cfg.online.serve.max_body_bytes)
@@ -173,6 +193,7 @@ class Service:
     state: ServingState
     learner: OnlineLearner | None
     pool: BackgroundRollouts | None = None
+    key_file: str | None = None
     runner: web.AppRunner | None = None
     port: int = 0
     _stop: threading.Event | None = None
@@ -189,13 +210,14 @@ class Service:
             raise ValueError(f"online.pool.max_background_rows = {pool_cfg.max_background_rows} exceeds "
                              f"inference.max_batch_size = {cfg.inference.max_batch_size}; lower it (the rows it "
                              f"leaves free are kept for users)")
+        if model_dir:
+            model_dir = str(resolve_model_dir(model_dir))
+            check_tokenizer_dir(Path(model_dir))
+        check_port_free(cfg.online.serve.host, cfg.online.serve.port)
         model, tok = load_policy(cfg, model_dir)
         elog = EventLog(db_url_of(cfg))
         store_url = store_url_of(cfg)
         ensure_initial(elog, store_url, model, cfg.weights.anchor_every)
-        key = ensure_key(elog, cfg, key_file)
-        if key:
-            print(f"flywheel serve: created API key 'default' (stored hashed; shown once): {key}", flush=True)
         learner_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
         gate_model = copy.deepcopy(model) if cfg.online.learner.enabled else None
         engine, subscriber = serving_engine(cfg, model, tok, model_dir, store_url)
@@ -215,7 +237,7 @@ class Service:
                                     rollout_temperature=cfg.rollout.temperature)
         pool = build_pool(cfg, engine, tok, inbox.put if inbox is not None else None) if pool_cfg.rollouts else None
         state.pool, state.learner = pool, learner
-        return cls(cfg, elog, engine, state, learner, pool)
+        return cls(cfg, elog, engine, state, learner, pool, key_file=key_file)
 
     async def start(self, port_file: str | None = None) -> int:
         await self.engine.start()
@@ -227,6 +249,9 @@ class Service:
         site = web.TCPSite(self.runner, self.cfg.online.serve.host, self.cfg.online.serve.port)
         await site.start()
         self.port = int(self.runner.addresses[0][1])
+        key = ensure_key(self.elog, self.cfg, self.key_file)
+        if key:
+            print(f"flywheel serve: created API key 'default' (stored hashed; shown once): {key}", flush=True)
         self._tasks = (asyncio.ensure_future(self.state.follower.run(self.cfg.online.serve.deploy_poll_s)),)
         if self.pool is not None:
             # The sessions' sandbox calls (reset, tools, grading: seconds each) run in the loop's default executor,

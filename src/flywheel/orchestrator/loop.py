@@ -38,6 +38,7 @@ from flywheel.orchestrator.pacing import ahead_limit, paced, to_grant
 from flywheel.orchestrator.ray import RayRollouts
 from flywheel.orchestrator.source import RolloutSource
 from flywheel.orchestrator.trainers import build_trainer
+from flywheel.policy.tokenizer import load_tokenizer, save_tokenizer
 from flywheel.rollout.evaluate import solved
 from flywheel.trainer.buffer import Buffer
 from flywheel.types import Task, Trajectory
@@ -223,6 +224,8 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
         trainer.save_checkpoint(_loop_state(buffer, admitted))
         if not stop_event.is_set() and trainer.version >= cfg.trainer.num_steps:
             trainer.save_model(run_dir / "final_model")
+            # eval, serve and any HF tool load the directory alone: it carries its tokenizer and chat template
+            save_tokenizer(load_tokenizer(tokenizer_dir), run_dir / "final_model")
         trainer.close()
         admitted.close()
         log.close()

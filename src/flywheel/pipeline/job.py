@@ -34,8 +34,10 @@ from flywheel.pipeline.copy_probe import copy_probe
 from flywheel.pipeline.evaluation import evaluate_model
 from flywheel.pipeline.midtrain import midtrain
 from flywheel.pipeline.prepare import prepare_pretrained, prepare_tasks, prepare_tokenizer, tokenizer_dir
+from flywheel.pipeline.rundir import claim_run_dir
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import load_model
+from flywheel.policy.model_dir import resolve_model_dir
 from flywheel.rollout.evaluate import paired_difference
 from flywheel.tasks.humaneval import humaneval_tasks
 
@@ -84,9 +86,9 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
     # (sandboxed tests, the rollout process) oversubscribed OpenMP threads spin and cost 10-50x.
     torch.set_num_threads(1)
     run_dir = Path(cfg.run_dir)
-    if not resume and (run_dir / "checkpoints").exists():
-        raise ValueError(f"run directory '{run_dir}' already holds a run; pass --resume to continue it "
-                         f"or choose another --run_dir")
+    changed = claim_run_dir(cfg, resume=resume)
+    if cfg.model.path:  # a typo is found now, not after the tasks and the tokenizer are built
+        resolve_model_dir(cfg.model.path, option="model.path")
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
     summary_path = run_dir / "summary.json"
@@ -105,6 +107,9 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
         mark[0] = now
 
     with Progress(show_progress) as progress:
+        if changed:
+            progress.log(f"resuming with {len(changed)} changed key(s) (stages already in {run_dir} are kept): "
+                         + "; ".join(changed[:6]) + (" ..." if len(changed) > 6 else ""))
         train_tasks, heldout = prepare_tasks(cfg, run_dir)
         pretrained = prepare_pretrained(cfg, run_dir)
         tokenizer = prepare_tokenizer(cfg, run_dir, train_tasks, pretrained)

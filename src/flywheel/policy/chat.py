@@ -113,6 +113,9 @@ class ParsedTurn:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[ToolCallError] = field(default_factory=list)
+    # `content` with each unusable call's own text left where it stood: what an API client is shown, so that a
+    # call to a tool the request did not declare reads as the text the model wrote, never as an empty message
+    shown: str = ""
 
 
 # ---------------------------------------------------------------------------------------------- rendering
@@ -320,8 +323,10 @@ class ChatFormat:
                 self.marker_tokens[marker] = ids
             elif marker in (IM_START, IM_END):
                 raise TokenizerError(f"the tokenizer has no {marker!r} token: flywheel renders ChatML turns, whose "
-                                 "markers must be single tokens. Use a model with a ChatML chat template (Qwen, "
-                                 "SmolLM2), or train a tokenizer with flywheel.policy.tokenizer.train_tokenizer")
+                                 "markers must be single tokens, so this model cannot be prompted or trained in "
+                                 "flywheel's harness. Pick a model with a ChatML chat template (Qwen2, Qwen3, "
+                                 "SmolLM2); a model trained from scratch gets one from flywheel (leave "
+                                 "tokenizer.path unset)")
             elif marker != ENDOFTEXT:
                 self.marker_tokens[marker] = self._plain.encode(marker, add_special_tokens=False).ids
         self.tool_tags_are_tokens = TOOL_CALL_OPEN in self.marker_ids and TOOL_CALL_CLOSE in self.marker_ids
@@ -536,12 +541,14 @@ def parse_turn(text: str, tools: dict[str, dict]) -> ParsedTurn:
     text = _strip_stops(text)
     turn = ParsedTurn(content="")
     content: list[str] = []
+    shown: list[str] = []  # content plus the text of every unusable call
     pos, index = 0, 0
     while pos < len(text):
         start = text.find(TOOL_CALL_OPEN, pos)
         stray = text.find(TOOL_CALL_CLOSE, pos)
         if stray != -1 and (start == -1 or stray < start):
             content.append(text[pos:stray])
+            shown.append(text[pos:stray + len(TOOL_CALL_CLOSE)])
             turn.errors.append(ToolCallError("malformed_json", f"found {TOOL_CALL_CLOSE} without an opening "
                                              f"{TOOL_CALL_OPEN}. Write each call as {_CALL_SHAPE}",
                                              text[max(0, stray - 200):stray + len(TOOL_CALL_CLOSE)]))
@@ -549,8 +556,10 @@ def parse_turn(text: str, tools: dict[str, dict]) -> ParsedTurn:
             continue
         if start == -1:
             content.append(text[pos:])
+            shown.append(text[pos:])
             break
         content.append(text[pos:start])
+        shown.append(text[pos:start])
         body_start = start + len(TOOL_CALL_OPEN)
         end = text.find(TOOL_CALL_CLOSE, body_start)
         reopen = text.find(TOOL_CALL_OPEN, body_start)
@@ -559,6 +568,7 @@ def parse_turn(text: str, tools: dict[str, dict]) -> ParsedTurn:
             body = text[body_start:stop]
             turn.errors.append(ToolCallError("malformed_json", f"{TOOL_CALL_OPEN} is never closed; end every call "
                                              f"with {TOOL_CALL_CLOSE}: {_CALL_SHAPE}", body[:_MAX_RAW_CHARS]))
+            shown.append(text[start:stop])
             index += 1
             pos = stop
             continue
@@ -567,7 +577,9 @@ def parse_turn(text: str, tools: dict[str, dict]) -> ParsedTurn:
             turn.tool_calls.append(result)
         else:
             turn.errors.append(result)
+            shown.append(text[start:end + len(TOOL_CALL_CLOSE)])
         index += 1
         pos = end + len(TOOL_CALL_CLOSE)
     turn.content = "".join(content)
+    turn.shown = "".join(shown)
     return turn

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from flywheel.config import ModelConfig
+from flywheel.config import ModelConfig, UserError
 
 # Architectures per preset. Sizes are parameter counts at vocab 2048 (the demo tokenizer).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -83,7 +83,7 @@ def load_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
     """Load a local HF causal-LM checkpoint directory; never reaches the network."""
     p = Path(path)
     if not (p / "config.json").is_file():
-        raise ValueError(f"model directory '{p}' has no config.json; point model.path at a saved HF checkpoint")
+        raise UserError(f"model directory '{p}' has no config.json; point model.path at a saved HF checkpoint")
     if dtype not in _DTYPES:
         raise ValueError(f"model dtype '{dtype}' is not one of {sorted(_DTYPES)}")
     model = AutoModelForCausalLM.from_pretrained(p, dtype=_DTYPES[dtype], local_files_only=True)

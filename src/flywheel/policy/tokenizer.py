@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from flywheel.config import TokenizerConfig
+from flywheel.config import TokenizerConfig, UserError
 from flywheel.policy.chat import (
     CHAT_TEMPLATE,
     ENDOFTEXT,
@@ -101,14 +101,14 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """Load a tokenizer dir written by `save_tokenizer` (or any HF dir with a tokenizer.json)."""
     path = Path(path).expanduser()
     if not path.is_dir():
-        raise ValueError(f"tokenizer directory {str(path)!r} does not exist; set tokenizer.path to a directory "
+        raise UserError(f"tokenizer directory {str(path)!r} does not exist; set tokenizer.path to a directory "
                          "written by save_tokenizer, or leave it unset to train one")
     if not (path / "tokenizer.json").is_file():
-        raise ValueError(f"{str(path)!r} is not a tokenizer directory: it has no tokenizer.json")
+        raise UserError(f"{str(path)!r} is not a tokenizer directory: it has no tokenizer.json")
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     except Exception as e:  # a corrupt file surfaces as many different exception types
-        raise ValueError(f"could not load the tokenizer in {str(path)!r}: {type(e).__name__}: {e}") from None
+        raise UserError(f"could not load the tokenizer in {str(path)!r}: {type(e).__name__}: {e}") from None
 
 
 def cache_key(cfg: TokenizerConfig) -> str:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from flywheel.config import UserError
 from flywheel.sandbox.services import parse_services
 from flywheel.sandbox.workspace import base_permissions, materialize_base
 from flywheel.tasks import minitest
@@ -393,7 +394,8 @@ def load_tasks(path: str | Path, fmt: str = "auto", repos_dir: str | Path | None
         raise ValueError(f"task format must be one of {FORMATS}, got {fmt!r}")
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"task file '{p}' does not exist")
+        raise UserError(f"task file '{p}' does not exist" if not p.exists() else f"task file '{p}' is a directory, "
+                        f"not a JSONL file")
     load = TaskLoad()
     seen: set[str] = set()
     with p.open(encoding="utf-8", errors="replace") as fh:
