@@ -5,7 +5,9 @@
 A tiny RL run (run_rl, random policy) writes metrics and trajectories; a group of scripted-policy sessions (real
 harness, sandbox and grader: bench/sessions.py) adds transcripts with tool calls, a self-summary and an
 anti-cheat flag. The server is `flywheel dashboard` in a child process; the page is driven by Playwright.
-Screenshots land in $FLYWHEEL_SCREENSHOTS when set (docs/observability.md shows them).
+The window is 1,400 × 1,000 (bench/browser.py). Screenshots of the overview, the rollout table with a transcript,
+a group and the rest land in $FLYWHEEL_SCREENSHOTS when set (docs/observability.md shows them), else in a pytest
+temporary directory, printed at the end of the module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from dashboard_fixtures import Base, make_bad_runs
+from dashboard_fixtures import Base, make_bad_runs, make_wide_group_run
 from playwright.sync_api import sync_playwright
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -29,7 +31,7 @@ from flywheel.metrics.report import write_report
 from flywheel.orchestrator.loop import AdmittedLog
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-SHOTS = os.environ.get("FLYWHEEL_SCREENSHOTS")
+SHOTS: list[Path] = []  # the directory screenshots go to (set by the `world` fixture)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +43,17 @@ def world(tmp_path_factory):
     base.run(tiny, "async", 3, evals=True)
     group = base.append_scripted_group(tiny, version=3)
     make_bad_runs(runs, tiny)
+    wide = make_wide_group_run(runs, tiny, group)
+    SHOTS[:] = [Path(os.environ.get("FLYWHEEL_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))]
     server = Server(runs)
     with sync_playwright() as pw:
         context, profile = launch_chromium(pw)
-        yield {"base": base, "runs": runs, "tiny": tiny, "group": group, "server": server, "context": context}
+        yield {"base": base, "runs": runs, "tiny": tiny, "group": group, "server": server, "context": context,
+               "wide": wide}
         context.close()
         shutil.rmtree(profile, ignore_errors=True)
     server.stop()
+    print(f"\nscreenshots (1,400 x 1,000): {SHOTS[0]}")
 
 
 @pytest.fixture
@@ -68,9 +74,22 @@ def open_run(page, world, run: str, view: str = "overview"):
 
 
 def shot(page, name: str) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"))
+    SHOTS[0].mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS[0] / f"{name}.png"))
+
+
+def fmt(x: float) -> str:
+    """rollouts.js's `fmt`: whole numbers as they are, others to 3 decimals."""
+    return str(int(x)) if float(x).is_integer() else f"{x:.3f}"
+
+
+def ema(ys: list[float], a: float) -> list[float]:
+    """TensorBoard's smoothing, as charts.js draws it: an EMA divided by its weight (no pull towards 0)."""
+    out, m = [], 0.0
+    for n, y in enumerate(ys, 1):
+        m = a * m + (1 - a) * y
+        out.append(m / (1 - a ** n))
+    return out
 
 
 def blue_pixels(page, key: str) -> int:
@@ -88,6 +107,36 @@ def test_overview_charts_and_tiles_show_the_runs_metrics(page, world):
     open_run(page, world, "tiny")
     page.wait_for_selector("body[data-charts='done']")
     shot(page, "overview")
+    # sections by prefix: the first ones open, the others closed and not drawn until opened
+    sections = page.locator("details.chart-group").evaluate_all("els => els.map(e => [e.dataset.group, e.open])")
+    assert sections[:5] == [["rollout", True], ["reward", True], ["trainer", True], ["staleness", True],
+                            ["mismatch", True]]
+    assert ["weights", False] in sections and not page.evaluate("state.charts.has('weights/bytes_mb')")
+    page.click("details.chart-group[data-group='weights'] > summary")
+    page.wait_for_function("state.charts.has('weights/bytes_mb')")
+    page.wait_for_selector("body[data-charts='done']")
+    # the held-out result is the first tile: pass@1 before -> after with the paired SE, as summary.json holds it
+    summary = json.loads((world["tiny"] / "summary.json").read_text())
+    first = page.locator("#tiles .tile").first
+    assert first.get_attribute("data-key") == "heldout"
+    assert first.locator(".value").text_content() == f"{fmt(summary['pass1_before'])} → {fmt(summary['pass1_after'])}"
+    assert f"± {fmt(summary['pass1_gain_se'])} SE" in first.locator(".sub").text_content()
+    # a finished run (its summary holds the RL result) is not "live"
+    assert page.get_attribute("#live", "data-state") == "finished"
+    assert "live" not in page.text_content("#live") and "finished" in page.text_content("#live")
+    # reward and pass rate: one tile when they are the same series, else two tiles with their own labels
+    same = [r["rollout/reward_all"] for r in records] == [r["rollout/pass_rate_all"] for r in records]
+    tiles = page.locator('#tiles .tile[data-key^="rollout/"]').evaluate_all(
+        "els => els.map(e => [e.dataset.key, e.querySelector('.label').textContent])")
+    keys = [k for k, _ in tiles]
+    assert ("rollout/pass_rate_all" in keys) is not same and "rollout/reward_all" in keys
+    assert same is ("reward = pass rate" in dict(tiles)["rollout/reward_all"])
+    # the learning rate (1e-5 here) has readable ticks: distinct labels in exponent form, not "0 0 0"
+    assert records[-1]["lr"] < 1e-3
+    lr_ticks = page.evaluate("state.charts.get('lr').axes[1]._values")
+    assert len(set(lr_ticks)) == len(lr_ticks) > 1 and all("e-" in t for t in lr_ticks), lr_ticks
+    assert all(float(t) == pytest.approx(v, rel=0.06) for t, v in zip(lr_ticks, page.evaluate(
+        "state.charts.get('lr').axes[1]._splits"))), lr_ticks
     for key in ("loss", "rollout/reward_all", "staleness/mean", "weights/bytes_mb", "mismatch/k3"):
         xs, ys = page.evaluate("k => state.charts.get(k).data", key)
         assert xs == [r["step"] for r in records] and ys == pytest.approx([r[key] for r in records]), key
@@ -108,6 +157,96 @@ def test_overview_charts_and_tiles_show_the_runs_metrics(page, world):
     assert records[-1]["sandbox/failures"] == 0 and records[-1]["sandbox/leaks"] == 0
     # the task buckets come from the rollouts: the scripted group's bucket is listed
     assert world["group"][0].meta["mutation"] in page.text_content("#buckets")
+
+
+def test_chart_search_smoothing_and_wall_time_axis(page, world):
+    """The search box keeps only the charts whose name holds every word typed (their sections open); smoothing adds
+    the EMA of each series beside the raw one; the x axis switches between trainer step and wall time."""
+    records = read_metrics(world["tiny"] / "metrics.jsonl")
+    keys = sorted({k for r in records for k, v in r.items() if isinstance(v, (int, float)) and k not in ("step", "time")})
+    open_run(page, world, "tiny")
+    page.wait_for_selector("body[data-charts='done']")
+    assert page.text_content("#chart-count") == f"{len(keys)} metrics"
+    page.fill("#chart-search", "mismatch k")
+    wanted = [k for k in keys if all(w in k.lower() for w in ("mismatch", "k"))]
+    visible = page.locator("#charts .chart:not([hidden])").evaluate_all("els => els.map(e => e.dataset.key)")
+    assert visible == wanted and page.text_content("#chart-count") == f"{len(wanted)} of {len(keys)} metrics"
+    shown = page.locator("details.chart-group:not([hidden])").evaluate_all("els => els.map(e => e.dataset.group)")
+    assert shown == ["mismatch"]
+    page.fill("#chart-search", "weights/")  # a closed section with a match opens and draws
+    page.wait_for_function("state.charts.has('weights/bytes_mb')")
+    page.fill("#chart-search", "")
+    page.wait_for_selector("body[data-charts='done']")
+    assert page.locator("#charts .chart:not([hidden])").count() == len(keys)
+    key = "entropy"
+    page.eval_on_selector("#smooth", "el => { el.value = '0.5'; el.dispatchEvent(new Event('input')); }")
+    page.wait_for_function(f"state.charts.get('{key}') && state.charts.get('{key}').data.length === 3")
+    xs, ys, smooth = page.evaluate(f"state.charts.get('{key}').data")
+    assert ys == pytest.approx([r[key] for r in records]) and smooth == pytest.approx(ema(ys, 0.5))
+    assert smooth != pytest.approx(ys)  # the series moves, so smoothing shows
+    page.select_option("#x-axis", "time")
+    page.wait_for_function(f"state.charts.get('{key}') && state.charts.get('{key}').data[0][0] !== 1")
+    xs = page.evaluate(f"state.charts.get('{key}').data[0]")
+    assert xs == pytest.approx([r["time/elapsed_s"] for r in records])
+    assert all(t.endswith((" s", " min", " h")) for t in page.evaluate(f"state.charts.get('{key}').axes[0]._values"))
+    shot(page, "overview-smoothed-wall-time")
+
+
+def test_deep_links_write_and_restore_a_transcript_and_a_group(page, world):
+    open_run(page, world, "tiny", "rollouts")
+    page.wait_for_selector("tr.rollout-row")
+    row = page.locator("tr.rollout-row").nth(3)
+    rid = row.get_attribute("data-id")
+    row.click()
+    page.wait_for_selector(f".transcript[data-id='{rid}']")
+    url = page.url
+    assert url.endswith(f"#run=tiny&view=rollouts&rollout={rid}"), url
+    page.goto("about:blank")
+    page.goto(url)
+    page.wait_for_selector(f".transcript[data-id='{rid}']", timeout=20_000)
+    assert page.evaluate("document.querySelector('#rollout-count').textContent").endswith("rollouts match")
+    gid = world["group"][0].group_id
+    page.locator("tr.rollout-row", has_text=world["group"][0].task_id).locator(".group-link").last.click()
+    page.wait_for_selector(".group-view")
+    assert page.evaluate("new URLSearchParams(location.hash.slice(1)).get('group')") == gid
+    url = page.url
+    page.goto("about:blank")
+    page.goto(url)
+    page.wait_for_selector(".group-view", timeout=20_000)
+    assert page.locator(".group-view .member").count() == len(world["group"])
+    page.click("button.back")  # back to the list: the address loses the group, keeps the transcript
+    page.wait_for_selector(".transcript")
+    assert "group=" not in page.url and f"rollout={rid}" in page.url
+    page.click("nav a[data-view=overview]")
+    assert page.url.endswith("#run=tiny&view=overview")
+
+
+def test_rollout_table_and_a_wide_group_fit_a_1400_px_window(page, world):
+    """No column of the rollout table is cut off: the table fits its panel; all 8 rollouts of a group are on screen
+    side by side in a grid that wraps, none beyond the panel's right edge."""
+    assert page.viewport_size == {"width": 1400, "height": 1000}
+    open_run(page, world, "tiny", "rollouts")
+    page.wait_for_selector("tr.rollout-row")
+    page.locator("tr.rollout-row").last.click()
+    page.wait_for_selector(".transcript")
+    panel = page.locator("#rollout-list").bounding_box()
+    heads = page.locator("table.rollouts th").evaluate_all(
+        "els => els.map(e => [e.textContent, e.getBoundingClientRect().right])")
+    assert [h for h, _ in heads][-3:] == ["tokens", "flags", "group"]
+    assert all(right <= panel["x"] + panel["width"] + 0.5 for _, right in heads), (heads, panel)
+    assert page.evaluate("(e => e.scrollWidth <= e.clientWidth)(document.querySelector('#rollout-list'))")
+    shot(page, "rollout-table")
+    page.goto("about:blank")
+    page.goto(f"{world['server'].url}#run=wide&view=rollouts&group={world['wide']}")
+    page.wait_for_selector(".group-view .member", timeout=20_000)
+    detail = page.locator("#rollout-detail").bounding_box()
+    members = page.locator(".group-view .member").evaluate_all(
+        "els => els.map(e => { const b = e.getBoundingClientRect(); return [b.left, b.right, b.top]; })")
+    assert len(members) == 8
+    assert all(detail["x"] - 0.5 <= left and right <= detail["x"] + detail["width"] + 0.5 for left, right, _ in members)
+    assert all(top < 1000 for _, _, top in members)  # every member starts on screen
+    assert len({round(top) for _, _, top in members}) == 2  # 8 in two rows of four
+    shot(page, "group-wide")
 
 
 def test_a_rollout_opens_with_its_tool_calls_verdicts_and_summary_mark(page, world):
@@ -213,10 +352,13 @@ def test_live_view_picks_up_steps_while_a_run_writes_them(page, world):
     thread.start()
     page.wait_for_selector("#run-select option:text-is('live')", state="attached", timeout=60_000)
     page.select_option("#run-select", "live")
+    page.wait_for_selector("#live[data-state='live']", timeout=20_000)  # being written: live
     page.wait_for_function("document.querySelector('#live-step').textContent.startsWith('step 2 of 2')",
                            timeout=120_000)
     thread.join(timeout=120)
     assert not thread.is_alive()
+    page.wait_for_selector("#live[data-state='finished']", timeout=20_000)  # its summary.json came: finished
+    assert "live" not in page.text_content("#live")
     events = EventAccumulator(str(live / "events"))
     events.Reload()
     assert {"transcripts/best/text_summary", "transcripts/worst/text_summary"} <= set(events.Tags()["tensors"])

@@ -6,21 +6,24 @@
 The log holds what `flywheel serve` writes: completions with users' accept/reject feedback, candidates with gate
 verdicts, deploys, a gate rejection and a rollback (OnlineRun below). The server is `flywheel
 dashboard` in a child process; the page is driven by Playwright. While the page is open, more feedback and a
-deploy are written: they appear without a reload.
+deploy are written: they appear without a reload. The same view of a log on a real PostgreSQL server (the cluster
+of test_online_postgres.py; skipped where PostgreSQL is not installed), read through `--online-db RUN=URL`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import sync_playwright
+from test_online_postgres import postgres_url  # noqa: F401 - the fixture: a PostgreSQL cluster for this module
 
 from flywheel.bench.browser import DashboardProcess, launch_chromium
 from flywheel.online.deploy import rollback
-from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord
+from flywheel.online.events import CompletionRecord, EventLog, EventLogReader, EventLogUnreadable, FeedbackRecord
 
 pytestmark = [pytest.mark.browser]
 SHOTS = os.environ.get("FLYWHEEL_SCREENSHOTS")
@@ -33,8 +36,8 @@ class OnlineRun:
     GATE = {"num_prompts": 256, "wins": 31, "losses": 9, "p_worse": 0.9999, "mean_delta": 0.041,
             "serving": {"score": 0.41}, "candidate": {"score": 0.45}}
 
-    def __init__(self, run_dir: Path):
-        self.elog = EventLog(run_dir / "online.db")
+    def __init__(self, run_dir: Path, url: str = ""):
+        self.elog = EventLog(url or run_dir / "online.db")
         self.n = 0
         self.signals: list[str] = []
 
@@ -140,3 +143,41 @@ def test_online_view_shows_deploys_rollbacks_and_live_accept_rate(tmp_path):
             server.stop()
             log.elog.close()
     assert not errors, f"the page raised: {errors}"
+
+
+def test_the_online_view_reads_a_log_on_postgres(tmp_path, postgres_url):  # noqa: F811 - the fixture above
+    """`flywheel serve` with online.serve.db_url on PostgreSQL leaves no online.db: `--online-db RUN=URL` names the
+    log, the run is listed though its directory is empty, and the figures are those of the SQLite path."""
+    run = tmp_path / "runs" / "served"
+    run.mkdir(parents=True)
+    log = OnlineRun(run, postgres_url)
+    log.elog.append_event("deploy", 0, "initial version")
+    log.serve(0, accept_every=2, count=10)
+    log.ship(1, serving=0)
+    log.serve(1, accept_every=5, count=10)
+    rollback(log.elog, "manual: v1 answers worse", {"source": "flywheel deploy rollback"})
+    server = DashboardProcess(tmp_path / "runs", "--online-window", "8", "--online-db", f"served={postgres_url}")
+    try:
+        runs = server.get("api/runs")["runs"]
+        assert [(r["name"], r["online"], r["notes"]) for r in runs] == [("served", True, [])]
+        view = server.get("api/run/served/online")
+        assert view["problem"] == "" and view["db"].startswith("postgresql+psycopg://")
+        assert (view["num_completions"], view["num_feedback"], view["num_deploys"], view["num_rollbacks"]) == \
+            (20, 20, 2, 1)
+        assert view["deployed_version"] == 0 and [h["kind"] for h in view["history"]] == ["deploy", "deploy", "rollback"]
+        assert view["history"][1]["gate"]["wins"] == 31  # the gate's figures reach the deploy row
+        newest = log.signals[-8:]
+        assert view["live_accept_rate"] == pytest.approx(sum(s == "accept" for s in newest) / 8)
+        assert view["versions"]["1"]["accepts"] == 8 and view["versions"]["0"]["rejects"] == 5
+        log.serve(1, accept_every=1, count=3)  # rows written while the dashboard runs arrive with the next poll
+        deadline = time.monotonic() + 10
+        while server.get("api/run/served/online")["num_feedback"] != 23 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.get("api/run/served/online")["num_feedback"] == 23
+    finally:
+        server.stop()
+    reader = EventLogReader(postgres_url)  # the dashboard's connection: read-only transactions
+    with pytest.raises(EventLogUnreadable, match="read-only"), reader.snapshot() as snap:
+        snap.conn.exec_driver_sql("DELETE FROM events")
+    reader.close()
+    log.elog.close()

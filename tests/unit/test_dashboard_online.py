@@ -4,6 +4,8 @@
 
 Each test writes the log the way `flywheel serve` does (completions, feedback, deploy/gate/rollback events through
 EventLog and `deploy.rollback`) and checks the figures the dashboard derives against counts made here by hand.
+The dashboard reads it as `flywheel dashboard` does: through online/events.py's EventLogReader, found by
+commands/dashboard.py's opener and handed in (metrics/ cannot import online/).
 """
 
 from __future__ import annotations
@@ -15,11 +17,18 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import flywheel.metrics.dashboard.online as online_mod
+from flywheel.commands.dashboard import event_log_opener, parse_online_dbs
 from flywheel.metrics.dashboard.online import OnlineLog
 from flywheel.metrics.dashboard.runindex import RunIndex, discover_runs
 from flywheel.metrics.dashboard.server import Dashboard, build_app
 from flywheel.online.deploy import deployed_version, rollback
-from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord
+from flywheel.online.events import CompletionRecord, EventLog, EventLogReader, EventLogUnreadable, FeedbackRecord
+
+OPENER = event_log_opener({})
+
+
+def reader_log(path, window: int) -> OnlineLog:
+    return OnlineLog(EventLogReader(path), window=window)
 
 GATE = {"num_prompts": 64, "wins": 11, "losses": 3, "p_worse": 0.97, "mean_delta": 0.06,
         "serving": {"score": 0.4}, "candidate": {"score": 0.46}, "serving_version": 0, "candidate_version": 1}
@@ -58,7 +67,7 @@ def history(tmp_path):
 
 def test_history_gate_figures_and_per_version_counts(tmp_path):
     elog, _ = history(tmp_path)
-    log = OnlineLog(tmp_path / "online.db", window=4)
+    log = reader_log(tmp_path / "online.db", window=4)
     v = log.view()
     assert v["problem"] == ""
     assert [(h["kind"], h["version"]) for h in v["history"]] == \
@@ -87,7 +96,7 @@ def test_history_gate_figures_and_per_version_counts(tmp_path):
 
 def test_polls_read_only_what_was_added_while_the_server_writes(tmp_path):
     elog, w = history(tmp_path)
-    log = OnlineLog(tmp_path / "online.db", window=4)
+    log = reader_log(tmp_path / "online.db", window=4)
     gen = log.generation
     assert log.poll() == 0 and log.generation == gen
     w.serve(0, ["accept", "accept"])
@@ -104,9 +113,8 @@ def test_polls_read_only_what_was_added_while_the_server_writes(tmp_path):
     assert log.poll() == 1 and log.view()["deployed_version"] == 4
     other.close()
     # the dashboard's connection cannot write, whatever asks it to
-    assert log._conn is not None
-    with pytest.raises(sqlite3.OperationalError, match="readonly"):
-        log._conn.execute("DELETE FROM events")
+    with pytest.raises(EventLogUnreadable, match="readonly"), EventLogReader(tmp_path / "online.db").snapshot() as snap:
+        snap.conn.exec_driver_sql("DELETE FROM events")
     log.close()
     elog.close()
 
@@ -121,7 +129,7 @@ def test_what_is_kept_stays_bounded_however_long_the_log(tmp_path, monkeypatch):
     for version in range(6):
         elog.append_event("deploy", version, f"deploy {version}")
     rollback(elog, "manual")
-    log = OnlineLog(tmp_path / "online.db", window=8)
+    log = reader_log(tmp_path / "online.db", window=8)
     v = log.view()
     assert [(h["kind"], h["version"]) for h in v["history"]] == [("deploy", 4), ("deploy", 5), ("rollback", 4)]
     assert v["num_deploys"] == 6 and v["num_rollbacks"] == 1  # counted over every event, kept or not
@@ -139,7 +147,7 @@ def test_a_corrupt_foreign_or_vanished_log_is_a_sentence_not_a_crash(tmp_path):
     run = tmp_path / "online"
     run.mkdir()
     (run / "online.db").write_bytes(b"this is not a database\n" * 100)
-    index = RunIndex(run)
+    index = RunIndex(run, open_event_log=OPENER)
     assert discover_runs(tmp_path) == [run] and index.online is not None
     assert any("online.db cannot be read" in n and "SQLite" in n for n in index.status())
     (run / "online.db").unlink()
@@ -163,7 +171,7 @@ def test_the_server_lists_the_online_run_and_serves_its_view(tmp_path):
     elog, _ = history(tmp_path / "online")
 
     async def go():
-        client = TestClient(TestServer(build_app(Dashboard(tmp_path, poll_s=0.05))))
+        client = TestClient(TestServer(build_app(Dashboard(tmp_path, poll_s=0.05, open_event_log=OPENER))))
         await client.start_server()
         try:
             runs = await (await client.get("/api/runs")).json()
@@ -182,7 +190,7 @@ def test_the_server_lists_the_online_run_and_serves_its_view(tmp_path):
 
 def test_a_log_replaced_by_another_is_read_from_its_start(tmp_path):
     elog, _ = history(tmp_path)
-    log = OnlineLog(tmp_path / "online.db", window=4)
+    log = reader_log(tmp_path / "online.db", window=4)
     assert log.view()["num_deploys"] == 2
     elog.close()
     other = EventLog(tmp_path / "b" / "online.db")  # more rows of each kind than the first: seq alone cannot tell
@@ -198,3 +206,21 @@ def test_a_log_replaced_by_another_is_read_from_its_start(tmp_path):
     v = log.view()
     assert (v["num_deploys"], v["deployed_version"], v["num_completions"], list(v["versions"])) == (1, 7, 20, ["7"])
     log.close()
+
+
+def test_without_an_opener_there_is_no_online_view_and_a_named_run_is_listed(tmp_path):
+    """The dashboard reads an event log only through what it is handed; `--online-db RUN=URL` lists RUN even when
+    its directory holds nothing else (a log on a database server leaves no file behind)."""
+    elog, _ = history(tmp_path / "online")
+    assert RunIndex(tmp_path / "online").online is None
+    (tmp_path / "served").mkdir()
+    assert discover_runs(tmp_path) == [tmp_path / "online"]
+    assert discover_runs(tmp_path, frozenset({"served"})) == [tmp_path / "online", tmp_path / "served"]
+    urls = parse_online_dbs([f"served=sqlite:///{tmp_path / 'online' / 'online.db'}"], tmp_path)
+    index = RunIndex(tmp_path / "served", open_event_log=event_log_opener(urls))
+    assert index.online is not None and index.online.view()["num_deploys"] == 2 and index.status() == []
+    assert parse_online_dbs(["postgresql+psycopg://u@h/db?sslmode=require"], tmp_path / "served") == \
+        {"served": "postgresql+psycopg://u@h/db?sslmode=require"}
+    broken = RunIndex(tmp_path / "served", open_event_log=event_log_opener({"served": "nosuchdriver://x"}))
+    assert broken.online is None and any("cannot open the event log" in n for n in broken.status())
+    elog.close()

@@ -28,8 +28,24 @@ def test_the_summary_reads_as_sentences_and_tables():
                          "timings_s": {"midtrain": 500.0}, "copy_probe_base": {"exact": 0.5, "n": 30}})
     assert "a gain of 0.15 ± 0.05" in html and "RL ran 40 trainer steps in 300 s" in html
     assert "busy 50 % of that time" in html and "20 at 0, 12 at 1" in html and "midtrain 500 s" in html
-    assert "<th>engine/busy</th><td>0.9</td>" in html and "<th>exact</th><td>0.5</td>" in html
+    assert "<th>engine busy</th><td>90.0 %</td>" in html
+    assert "<th>copy probe of the base › held-out edits copied exactly</th><td>0.5</td>" in html
     assert "{" not in html  # no raw JSON
+
+
+def test_the_summary_table_has_labels_in_words_and_formatted_values():
+    """The review found `halted None` and `buffer/dropped_uniform` in the report: raw keys and Python values."""
+    html = summary_html({"rl": {"steps": 3, "wall_s": 10.7, "halted": None, "groups_granted": None,
+                                "buffer/dropped_uniform": 4, "buffer/some_new_count": 1200, "weights/apply_ms": 52.07,
+                                "interrupted": False}, "wall_s": 3723.5})
+    assert "None" not in html and "buffer/" not in html and "_" not in html.replace("&#x27;", "")
+    assert "<th>halted by the anti-cheat monitor</th><td>no</td>" in html
+    assert "<th>groups dropped: every reward equal (no signal)</th><td>4</td>" in html
+    assert "<th>buffer: some new count</th><td>1,200</td>" in html  # a key without a label is spelled out
+    assert "<th>weight fetch + apply</th><td>52.07 ms</td>" in html and "<td>3724 s</td>" in html
+    assert "<th>group starts granted (paced async)</th><td>–</td>" in html
+    halted = summary_html({"rl": {"steps": 2, "halted": {"flag": "tests_edited", "rate": 0.25, "window": 40}}})
+    assert "yes: flag tests_edited in 25.0 % of the last 40 sessions" in halted
 
 
 def test_progress_in_a_log_prints_an_eta(capsys, monkeypatch):

@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy import insert
 
 from flywheel.metrics.dashboard.online import OnlineLog
-from flywheel.online.events import COMPLETIONS, FEEDBACK, CompletionRecord, EventLog, FeedbackRecord
+from flywheel.online.events import COMPLETIONS, FEEDBACK, CompletionRecord, EventLog, EventLogReader, FeedbackRecord
 
 NUM = 200_000
 QUICK_NUM = 20_000
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         elog = write_log(path, num)
         write_s = time.perf_counter() - t
-        log, first_s, kept_mb, peak_mb = _measure(lambda: OnlineLog(path))
+        log, first_s, kept_mb, peak_mb = _measure(lambda: OnlineLog(EventLogReader(path)))
         for i in range(NUM_NEW):
             elog.record_completion(CompletionRecord(f"n{i}", "k", "flywheel", 9, [1], [2], [-0.5], [9], "stop", "a"))
             elog.record_feedback(FeedbackRecord(f"m{i}", f"n{i}", "k", "accept"))

@@ -5,7 +5,8 @@
 Reads `metrics.jsonl` (one record per trainer step, see orchestrator/loop.py), `summary.json` and the run's
 trajectories; plots are PNGs rendered with matplotlib (Agg) and embedded as base64, so the page can be mailed
 around and opened offline. A panel is drawn only when its metrics exist in the run, so the same report serves
-every kind of run. The summary is written out in sentences and tables, not as JSON. A sample of whole GRPO
+every kind of run. The summary is written out in sentences, then one table of every other figure with a label in
+words (LABELS, else the key spelled out) and its value formatted (yes/no, units, percentages), not as JSON. A sample of whole GRPO
 groups (spread over the run, plus flagged ones) is embedded with the dashboard's own rollout browser
 (dashboard/static/rollouts.js, inlined): each transcript with its tool calls, verdict and flags, each group
 side by side. The live dashboard (`flywheel dashboard`) browses every transcript.
@@ -80,19 +81,85 @@ def _plot(records: list[dict], keys: list[tuple[str, str]], title: str, ylabel: 
     return base64.b64encode(buf.getvalue()).decode()
 
 
+# Human labels of summary.json's keys (the job's, run_rl's and the buffer's); any other key is spelled out from its
+# name. A label ending in "?" is a yes/no question.
+LABELS = {
+    "pass1_pretrained": "held-out pass@1 of the imported model", "midtrain_gain_se": "SE of mid-training's gain",
+    "humaneval_before": "HumanEval pass@1 before RL", "humaneval_after": "HumanEval pass@1 after RL",
+    "humaneval_change": "HumanEval change", "humaneval_change_se": "SE of the HumanEval change",
+    "wall_s": "wall time of the job", "copy_probe_base": "copy probe of the base",
+    "exact": "held-out edits copied exactly", "n": "tasks probed",
+    "rollouts_tested": "rollouts whose tests ran", "groups_granted": "group starts granted (paced async)",
+    "halted": "halted by the anti-cheat monitor?", "interrupted": "stopped early?",
+    "buffer/admitted": "rollouts admitted to training", "buffer/groups_seen": "groups received",
+    "buffer/groups": "groups trained", "buffer/dropped_uniform": "groups dropped: every reward equal (no signal)",
+    "buffer/dropped_stale": "groups dropped: too stale", "buffer/env_failures": "environment failures",
+    "buffer/requeued": "groups requeued", "buffer/restored": "groups restored on resume",
+    "buffer/lost_groups": "groups lost", "buffer/group_errors": "groups that failed",
+    "buffer/engines_added": "engines added", "buffer/engines_removed": "engines removed",
+    "buffer/engines_died": "engines that died", "buffer/graded_remote": "graded by the grader service",
+    "buffer/graded_fallback": "graded locally (grader fallback)", "buffer/grader_retries": "grader retries",
+    "engine/busy": "engine busy", "trainer/busy": "trainer busy", "node/version": "weight version on the nodes",
+    "weights/pause_ms": "engine pause per weight update", "weights/apply_ms": "weight fetch + apply",
+    "rollout/sessions": "sessions run", "sandbox/failures": "sandbox start failures",
+    "sandbox/open": "sandboxes open at the end", "sandbox/leaks": "sandboxes leaked",
+}
+
+
+def label_of(key: str) -> str:
+    """A summary key in words: LABELS, else its name with `/` and `_` spelled out (`foo/bar_baz` → foo: bar baz)."""
+    if key in LABELS:
+        return LABELS[key]
+    head, _, tail = key.rpartition("/")
+    for suffix in ("_ms", "_s", "_mb"):  # the value carries the unit
+        tail = tail.removesuffix(suffix)
+    words = tail.replace("_", " ")
+    return f"{head.replace('/', ' ')}: {words}" if head else words
+
+
 def _num(v) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return html.escape(str(v))
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _table(d: dict) -> str:
+def value_of(key: str, v) -> str:
+    """A summary value for a person: yes/no, – for nothing, units from the key (_s, _ms, _mb), busy as a percent,
+    counts with thousands separators, other numbers to 4 significant digits."""
+    if v is None:
+        return "no" if LABELS.get(key, "").endswith("?") else "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, dict) and key == "halted":
+        return html.escape(f"yes: flag {v.get('flag')} in {100 * float(v.get('rate', 0)):.1f} % of the last "
+                           f"{v.get('window')} sessions")
+    if isinstance(v, list):
+        return ", ".join(value_of("", x) for x in v) or "–"
+    if not isinstance(v, (int, float)):
+        return html.escape(str(v))
+    if key.endswith("busy") and 0 <= v <= 1:
+        return f"{100 * v:.1f} %"
+    unit = next((u for suffix, u in (("_ms", " ms"), ("_s", " s"), ("_mb", " MB")) if key.endswith(suffix)), "")
+    if float(v).is_integer() and not unit:
+        return f"{int(v):,}"
+    return f"{v:.4g}{unit}"
+
+
+def _rows(d: dict, prefix: str = "") -> list[str]:
     rows = []
     for k, v in d.items():
-        shown = _table(v) if isinstance(v, dict) and v else (
-            ", ".join(_num(x) for x in v) if isinstance(v, list) else _num(v))
-        rows.append(f"<tr><th>{html.escape(str(k))}</th><td>{shown}</td></tr>")
-    return "<table>" + "".join(rows) + "</table>"
+        label = f"{prefix}{label_of(str(k)).rstrip('?')}"
+        if isinstance(v, dict) and v and k != "halted":
+            rows += _rows(v, f"{label} › ")
+        else:
+            rows.append(f"<tr><th>{html.escape(label)}</th><td>{value_of(str(k), v)}</td></tr>")
+    return rows
+
+
+def _table(d: dict) -> str:
+    """Every figure as a row of a two-column table: its label in words, its value formatted (nested dicts become
+    `section › figure` rows)."""
+    return "<table class='summary'>" + "".join(_rows(d)) + "</table>"
 
 
 def summary_html(summary: dict) -> str:
@@ -124,7 +191,7 @@ def summary_html(summary: dict) -> str:
         rest = {k: v for k, v in rl.items() if k not in ("steps", "wall_s", "trainer_busy", "rollouts",
                                                          "groups_received", "staleness_hist", "interrupted")}
         if rest:
-            s["rl (other figures)"] = rest
+            s.update(rest)  # the loop's other figures: one table with the job's
     timings = s.pop("timings_s", None)
     if isinstance(timings, dict) and timings:
         lines.append("Wall time by stage: " + ", ".join(f"{html.escape(k)} {_num(v)} s" for k, v in timings.items()) + ".")

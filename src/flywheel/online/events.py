@@ -6,12 +6,18 @@
     log.record_feedback(FeedbackRecord(...)); log.feedback_after(seq)
     log.append_event("deploy", version=3, reason="gate passed: ...")
 
+    reader = EventLogReader("runs/online/online.db")            # read-only: what `flywheel dashboard` watches
+    with reader.snapshot() as snap:                             # one read transaction: every table at one moment
+        tops = snap.tops(); snap.feedback_between(0, tops["feedback"], limit=5000)
+
 Why so. Every write is one transaction that has committed when the call returns, and the server answers a
 request only after that: what a client was told is durable. SQLite runs in WAL mode with `synchronous=FULL`, so a
 committed transaction survives `kill -9` of the process (and a power cut: the WAL is fsync'd at each commit);
 `busy_timeout` lets a second process (the learner, `flywheel deploy`) share the file. PostgreSQL (through the same
 SQLAlchemy Core statements) serves several hosts. Token ids, log-probs and versions are stored as JSON arrays:
 the learner trains on exactly the tokens that were served, never on a re-tokenization of their text.
+`EventLogReader` opens the same tables for a watcher that must never write (the dashboard): no table creation,
+no pragma, SQLite in `mode=ro`, PostgreSQL in READ ONLY transactions, and each poll one snapshot.
 
 Tests: `.venv/bin/python -m pytest -q tests/unit/test_online_events.py tests/integration/test_online_server.py`.
 """
@@ -19,7 +25,10 @@ Tests: `.venv/bin/python -m pytest -q tests/unit/test_online_events.py tests/int
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,12 +46,13 @@ from sqlalchemy import (
     case,
     create_engine,
     event,
+    func,
     insert,
     select,
     update,
 )
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 METADATA = MetaData()
 
@@ -307,8 +317,7 @@ class EventLog:
 
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as c:
-            return {t.name: int(c.execute(select(t.c.seq).order_by(t.c.seq.desc()).limit(1)).scalar() or 0)
-                    for t in (COMPLETIONS, FEEDBACK, EVENTS)}
+            return _tops(c)
 
     # ---- deploy events ----------------------------------------------------------------------------
 
@@ -327,3 +336,92 @@ class EventLog:
             q = q.where(EVENTS.c.kind.in_(kinds))
         with self.engine.connect() as c:
             return [Event(**r) for r in c.execute(q.order_by(EVENTS.c.seq)).mappings()]
+
+
+def _tops(c: Connection) -> dict[str, int]:
+    """The newest seq of completions, feedback and events (0 for an empty table)."""
+    return {t.name: int(c.execute(select(t.c.seq).order_by(t.c.seq.desc()).limit(1)).scalar() or 0)
+            for t in (COMPLETIONS, FEEDBACK, EVENTS)}
+
+
+class EventLogUnreadable(RuntimeError):
+    """The log could not be read; the message is the database's own (`no such table: events`, `database is
+    locked`, `file is not a database`, a refused connection)."""
+
+
+class LogSnapshot:
+    """The reads of one poll, inside one read transaction (EventLogReader.snapshot): rows in (after, upto]."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    def tops(self) -> dict[str, int]:
+        return _tops(self.conn)
+
+    def events_between(self, after: int, upto: int) -> list[Event]:
+        q = select(EVENTS).where(EVENTS.c.seq > after, EVENTS.c.seq <= upto).order_by(EVENTS.c.seq)
+        return [Event(**r) for r in self.conn.execute(q).mappings()]
+
+    def completions_by_version(self, after: int, upto: int) -> list[tuple[int, int]]:
+        """(version, number of completions) of the completions in (after, upto]: counted by the database."""
+        c = COMPLETIONS.c
+        q = select(c.version, func.count()).where(c.seq > after, c.seq <= upto).group_by(c.version)
+        return [(int(v), int(n)) for v, n in self.conn.execute(q)]
+
+    def feedback_between(self, after: int, upto: int, limit: int) -> list[tuple[int, str, float, int | None]]:
+        """(seq, signal, created_s, version of the completion it is about, None if unknown), oldest first, at
+        most `limit`: only the columns a watcher folds into counters, never the token arrays."""
+        f, c = FEEDBACK.c, COMPLETIONS.c
+        q = (select(f.seq, f.signal, f.created_s, c.version).join_from(FEEDBACK, COMPLETIONS, f.completion_id == c.id,
+                                                                        isouter=True)
+             .where(f.seq > after, f.seq <= upto).order_by(f.seq).limit(limit))
+        return [(int(s), str(sig), float(t), None if v is None else int(v)) for s, sig, t, v in self.conn.execute(q)]
+
+
+class EventLogReader:
+    """An event log opened to be watched, never written: SQLite (a path or `sqlite:///…`) or PostgreSQL.
+
+    EventLog creates its tables and sets WAL mode when it opens a log: writes a watcher must not make. Here SQLite
+    is opened with `mode=ro` (this process cannot write, whatever a bug asks) and a busy timeout of
+    `busy_timeout_s`, and `snapshot()` runs BEGIN … COMMIT around its reads, which in WAL mode is one snapshot
+    that never blocks a writer; PostgreSQL gets REPEATABLE READ, READ ONLY transactions: one snapshot, no write.
+    `path` is the SQLite file (None on a server): a watcher that sees it replaced by a new file starts again."""
+
+    def __init__(self, url: str | Path, busy_timeout_s: float = 2.0):
+        s = str(url)
+        self.url = s if "://" in s else f"sqlite:///{Path(s).expanduser().resolve()}"
+        parsed = make_url(self.url)
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        self.path: Path | None = Path(parsed.database or "").resolve() if self.is_sqlite else None
+        self.name = self.path.name if self.path is not None else parsed.render_as_string(hide_password=True)
+        self.busy_timeout_s = busy_timeout_s
+        try:
+            if self.path is not None:
+                file_uri = f"{self.path.as_uri()}?mode=ro"
+                self.engine: Engine = create_engine(self.url, creator=lambda: sqlite3.connect(
+                    file_uri, uri=True, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False))
+                # the driver leaves transactions to us (isolation_level None): BEGIN makes the reads one snapshot
+                event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
+            else:
+                self.engine = create_engine(self.url, pool_pre_ping=True,
+                                            connect_args={"connect_timeout": max(1, round(busy_timeout_s))})
+        except Exception as err:  # noqa: BLE001 - a bad URL or a missing driver surfaces as many types
+            raise ValueError(f"cannot open the event log '{self.name}': {type(err).__name__}: {err}") from None
+
+    def close(self) -> None:
+        """Drop the open connections (the next snapshot opens new ones: after an error, or a replaced file)."""
+        self.engine.dispose()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[LogSnapshot]:
+        """One read transaction; any database error becomes EventLogUnreadable with the database's message."""
+        try:
+            with self.engine.connect() as conn:
+                if not self.is_sqlite:
+                    conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+                with conn.begin():
+                    yield LogSnapshot(conn)
+        except DBAPIError as err:
+            raise EventLogUnreadable(str(err.orig).strip()) from None
+        except SQLAlchemyError as err:
+            raise EventLogUnreadable(str(err).strip()) from None

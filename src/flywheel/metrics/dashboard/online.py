@@ -1,24 +1,22 @@
 """What the dashboard shows of an online run: deploys, rollbacks and gate verdicts, live accept rate, traffic.
 
-    log = OnlineLog(Path("runs/online/online.db"))   # the event log `flywheel serve` writes (online/events.py)
-    changed = log.poll()                             # reads only rows added since the last poll; never raises
+    log = OnlineLog(EventLogReader("runs/online/online.db"))   # any EventSource (below); commands/dashboard.py
+    changed = log.poll()                                        # injects online/events.py's reader
     log.view()                                       # JSON for /api/run/<name>/online (as of the last poll)
     log.problem                                      # why the log could not be read, in words ("" when it could)
 
-Why so. `flywheel serve` keeps its state in one SQLite file in WAL mode (`<run_dir>/online.db`) that the server, the
-learner and `flywheel deploy` write while the dashboard watches. The file is opened read-only (`mode=ro`): the
-dashboard can never write to it, and in WAL mode a reader neither blocks the writers nor sees half a
-transaction. Each poll runs in one read transaction (one snapshot of all tables) and asks only for rows past the
-last `seq` it saw, so a poll costs what was appended, not the size of the log. Nothing grows with the traffic:
-feedback is folded into per-version counters and a window of the newest `window` accept/reject signals, which
-adds a point to the accept-rate series every `stride` events; when the series passes MAX_POINTS every other
-point is dropped and the stride doubles. Deploy events are few (one per candidate); the newest MAX_HISTORY are
-kept whole, and the deploy stack and the counts cover all of them.
-
-The tables and columns are those of online/events.py. The dashboard (layer 4) sits below online/ (layer 5,
-docs/architecture.md), so it cannot import that module: it reads the schema by name with sqlite3, and the unit
-test writes the log with the real EventLog, so a change of schema fails there. The deployed version follows the
-rule of online/deploy.py's `deploy_stack` (a stack of deploys; a rollback pops), and the test compares the two.
+Why so. `flywheel serve` keeps its state in an event log (`<run_dir>/online.db`, SQLite in WAL mode, or PostgreSQL
+with `online.serve.db_url`) that the server, the learner and `flywheel deploy` write while the dashboard watches.
+The dashboard (layer 4) sits below online/ (layer 5, docs/architecture.md) and cannot import it, so it reads
+through the `EventSource` protocol defined here; online/events.py's `EventLogReader` is the one implementation
+(SQLite read-only, PostgreSQL in read-only transactions) and `flywheel dashboard` hands it in. Each poll is one
+snapshot (one read transaction over every table) and asks only for rows past the last `seq` it saw, so a poll
+costs what was appended, not the size of the log. Nothing grows with the traffic: feedback is folded into
+per-version counters and a window of the newest `window` accept/reject signals, which adds a point to the
+accept-rate series every `stride` events; when the series passes MAX_POINTS every other point is dropped and the
+stride doubles. Deploy events are few (one per candidate); the newest MAX_HISTORY are kept whole, and the deploy
+stack and the counts cover all of them. The deployed version follows the rule of online/deploy.py's
+`deploy_stack` (a stack of deploys; a rollback pops), and the test compares the two.
 
 Accept rate: the share of `accept` among `accept` and `reject` feedback (the Tab signals, as `flywheel bench
 online` counts it); other signals (thumbs, edits, follow-ups) are counted per kind but not in the rate.
@@ -29,11 +27,12 @@ Tests: `.venv/bin/python -m pytest -q tests/unit/test_dashboard_online.py tests/
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 DB_NAME = "online.db"  # where `flywheel serve` keeps its event log unless online.serve.db_url says otherwise
 HISTORY_KINDS = ("deploy", "rollback", "gate_reject", "learner_reset")  # rows of the history table
@@ -41,6 +40,52 @@ MAX_POINTS = 2000  # accept-rate points kept; past it every other point is dropp
 MAX_HISTORY = 1000  # newest deploy/rollback/gate-rejection/reset events kept for the table and the chart
 BATCH = 5000  # feedback rows read per query (a poll reads them all, in batches)
 BUSY_TIMEOUT_S = 2.0  # a writer holding the file this long makes the poll retry next time, not wait
+
+
+class EventRow(Protocol):
+    """One deploy-side event (online/events.py's `Event`)."""
+
+    seq: int
+    kind: str
+    version: int | None
+    reason: str
+    data: dict[str, Any]
+    created_s: float
+
+
+class Snapshot(Protocol):
+    """The reads of one poll, all from one moment of the log; rows with seq in (after, upto]."""
+
+    def tops(self) -> dict[str, int]:
+        """The newest seq of "completions", "feedback" and "events"."""
+        ...
+
+    def events_between(self, after: int, upto: int) -> Sequence[EventRow]: ...
+
+    def completions_by_version(self, after: int, upto: int) -> list[tuple[int, int]]:
+        """(version, number of completions)."""
+        ...
+
+    def feedback_between(self, after: int, upto: int, limit: int) -> list[tuple[int, str, float, int | None]]:
+        """(seq, signal, created_s, version of its completion or None), oldest first, at most `limit`."""
+        ...
+
+
+class EventSource(Protocol):
+    """An online run's event log as the dashboard reads it: never written. `snapshot()` raises (any exception,
+    its message the database's own) when the log cannot be read; `close()` drops connections (the next snapshot
+    reconnects). `name` names it in sentences; `path` is its SQLite file, None for a database server."""
+
+    name: str
+    path: Path | None
+
+    def snapshot(self) -> AbstractContextManager[Snapshot]: ...
+
+    def close(self) -> None: ...
+
+
+# Given a run directory and its config.json (a dict), the run's event log, or None when it has none (yet).
+EventSourceOpener = Callable[[Path, dict[str, Any]], "EventSource | None"]
 
 
 @dataclass
@@ -88,16 +133,16 @@ def _gate(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 class OnlineLog:
-    """One online run's event log, read incrementally and read-only; `view()` is what the page draws."""
+    """One online run's event log, read incrementally through `source`; `view()` is what the page draws."""
 
-    def __init__(self, path: Path, window: int = 32):
+    def __init__(self, source: EventSource, window: int = 32):
         if window < 1:
             raise ValueError(f"the accept-rate window must be at least 1 feedback event (got {window})")
-        self.path = Path(path)
+        self.source = source
+        self.path = source.path
         self.window = window
         self.problem = ""
         self.generation = 0  # counts polls that found something new
-        self._conn: sqlite3.Connection | None = None
         self._inode: int | None = None
         self._view: dict[str, Any] = {}
         self.reset()
@@ -115,28 +160,13 @@ class OnlineLog:
         self.num_judged = 0  # accept + reject events read
         self.stride = max(1, self.window // 4)
         self.points: list[tuple[float, float, int]] = []  # (time s, accept rate over the window, events so far)
-        self.last_s: float | None = None
+        self.last_s: float | None = None  # time of the newest feedback read
+        self.newest_s: float | None = None  # time of the newest feedback or event read: is the run still active?
 
     # ---- reading ------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def _connect(self) -> sqlite3.Connection:
-        inode = self.path.stat().st_ino
-        if inode != self._inode:  # a new file (also after an error closed the last connection): start again
-            self.close()
-            if self._inode is not None:
-                self.reset()
-            self._inode = inode
-        if self._conn is None:
-            # mode=ro: this process cannot write, whatever a bug asks; isolation_level None: transactions are ours;
-            # check_same_thread off: the dashboard polls from a worker thread, one poll at a time (its lock)
-            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
-                                         timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        return self._conn
+        self.source.close()
 
     def poll(self) -> int:
         """Read the rows added since the last poll; returns how many. Problems become `self.problem`.
@@ -146,20 +176,29 @@ class OnlineLog:
         self._view = self._build_view()
         return n
 
-    def _poll(self) -> int:
+    def _file_changed(self) -> str:
+        """For an SQLite log: "" when the file is there (a new file also resets what was read), else why not."""
+        assert self.path is not None
         if not self.path.exists():
             self.close()
-            self.problem = f"{self.path.name} is gone (the online run's event log)" if self._inode else \
+            return f"{self.path.name} is gone (the online run's event log)" if self._inode else \
                 f"no {self.path.name} yet"
+        inode = self.path.stat().st_ino
+        if inode != self._inode:  # a new file: its connections are to the old one; read the new one from its start
+            self.close()
+            if self._inode is not None:
+                self.reset()
+            self._inode = inode
+        return ""
+
+    def _poll(self) -> int:
+        if self.path is not None and (missing := self._file_changed()):
+            self.problem = missing
             return 0
         try:
-            conn = self._connect()
-            conn.execute("BEGIN")  # one snapshot for every table read below
-            try:
-                n = self._read(conn)
-            finally:
-                conn.execute("COMMIT")
-        except sqlite3.Error as err:
+            with self.source.snapshot() as snap:  # one snapshot for every table read below
+                n = self._read(snap)
+        except Exception as err:  # noqa: BLE001 - whatever the database says becomes a sentence; polls go on
             self.close()
             self.problem = self._explain(err)
             return 0
@@ -168,27 +207,31 @@ class OnlineLog:
             self.generation += 1
         return n
 
-    def _explain(self, err: sqlite3.Error) -> str:
+    def _explain(self, err: Exception) -> str:
         msg = str(err)
+        name = self.source.name
         if "locked" in msg or "busy" in msg:
-            return f"{self.path.name} is busy (a writer held it past {BUSY_TIMEOUT_S:g} s); read again next poll"
-        if "no such table" in msg or "no such column" in msg:
-            return (f"{self.path.name} does not hold flywheel's online event log ({msg}): point the dashboard at "
-                    "the run directory `flywheel serve` writes (online.serve.db_url or <run_dir>/online.db)")
-        return f"{self.path.name} cannot be read ({type(err).__name__}: {msg}); is it an SQLite file?"
+            return f"{name} is busy (a writer held it past {BUSY_TIMEOUT_S:g} s); read again next poll"
+        if "no such table" in msg or "no such column" in msg or "does not exist" in msg:
+            return (f"{name} does not hold flywheel's online event log ({msg}): point the dashboard at "
+                    "the run directory `flywheel serve` writes (<run_dir>/online.db, or --online-db for "
+                    "online.serve.db_url)")
+        where = "is it an SQLite file?" if self.path is not None else "is the database server up and reachable?"
+        return f"{name} cannot be read ({msg}); {where}"
 
-    def _read(self, conn: sqlite3.Connection) -> int:
-        tops = {t: int(conn.execute(f"SELECT COALESCE(MAX(seq), 0) FROM {t}").fetchone()[0]) for t in self.seq}
-        if any(tops[t] < self.seq[t] for t in tops):  # rows vanished: the log was recreated in place
+    def _read(self, snap: Snapshot) -> int:
+        tops = snap.tops()
+        if any(tops[t] < self.seq[t] for t in self.seq):  # rows vanished: the log was recreated in place
             self.reset()
-        return self._read_events(conn, tops["events"]) + self._read_completions(conn, tops["completions"]) + \
-            self._read_feedback(conn, tops["feedback"])
+        return self._read_events(snap, tops["events"]) + self._read_completions(snap, tops["completions"]) + \
+            self._read_feedback(snap, tops["feedback"])
 
-    def _read_events(self, conn: sqlite3.Connection, top: int) -> int:
-        rows = conn.execute("SELECT seq, kind, version, reason, data, created_s FROM events "
-                            "WHERE seq > ? AND seq <= ? ORDER BY seq", (self.seq["events"], top)).fetchall()
-        for seq, kind, version, reason, data, created_s in rows:
-            d = _json_dict(data)
+    def _read_events(self, snap: Snapshot, top: int) -> int:
+        rows = snap.events_between(self.seq["events"], top)
+        for ev in rows:
+            seq, kind, version, reason, created_s = ev.seq, ev.kind, ev.version, ev.reason, ev.created_s
+            self.newest_s = max(self.newest_s or 0.0, float(created_s))
+            d = _json_dict(ev.data)
             self.kinds[kind] += 1
             follow_deploys(self.stack, kind, version)
             if kind == "gate_pass" and version is not None:
@@ -204,22 +247,17 @@ class OnlineLog:
         self.seq["events"] = top
         return len(rows)
 
-    def _read_completions(self, conn: sqlite3.Connection, top: int) -> int:
-        rows = conn.execute("SELECT version, COUNT(*) FROM completions WHERE seq > ? AND seq <= ? GROUP BY version",
-                            (self.seq["completions"], top)).fetchall()
-        for version, count in rows:
+    def _read_completions(self, snap: Snapshot, top: int) -> int:
+        for version, count in snap.completions_by_version(self.seq["completions"], top):
             self.versions.setdefault(int(version), VersionStats()).completions += int(count)
         n = top - self.seq["completions"]
         self.seq["completions"] = top
         return n
 
-    def _read_feedback(self, conn: sqlite3.Connection, top: int) -> int:
+    def _read_feedback(self, snap: Snapshot, top: int) -> int:
         total = 0
         while self.seq["feedback"] < top:
-            rows = conn.execute(
-                "SELECT f.seq, f.signal, f.created_s, c.version FROM feedback f "
-                "LEFT JOIN completions c ON c.id = f.completion_id "
-                "WHERE f.seq > ? AND f.seq <= ? ORDER BY f.seq LIMIT ?", (self.seq["feedback"], top, BATCH)).fetchall()
+            rows = snap.feedback_between(self.seq["feedback"], top, BATCH)
             if not rows:
                 break
             for _seq, signal, created_s, version in rows:
@@ -232,6 +270,7 @@ class OnlineLog:
     def _fold(self, signal: str, t: float, version: int | None) -> None:
         """One feedback event into the counters and the accept-rate series."""
         self.last_s = t
+        self.newest_s = max(self.newest_s or 0.0, t)
         if version is not None:
             vs = self.versions.setdefault(version, VersionStats())
             vs.feedback += 1
@@ -261,7 +300,7 @@ class OnlineLog:
         if self.recent and (not series or series[-1][2] != self.num_judged):  # the newest value, always shown
             series.append((self.last_s or 0.0, sum(self.recent) / len(self.recent), self.num_judged))
         return {
-            "db": str(self.path), "problem": self.problem, "window": self.window,
+            "db": str(self.path) if self.path is not None else self.source.name, "problem": self.problem, "window": self.window,
             "deployed_version": self.stack[-1] if self.stack else None,
             "live_accept_rate": sum(self.recent) / len(self.recent) if self.recent else None,
             "accept_rate_all": accepts / judged if judged else None,

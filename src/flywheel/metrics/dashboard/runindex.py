@@ -1,6 +1,6 @@
 """What the dashboard knows about one run directory, kept current by polling and never loaded whole.
 
-    run = RunIndex(Path("runs/demo"))
+    run = RunIndex(Path("runs/demo"), open_event_log=opener)   # opener: an online run's log (online.py)
     changed = run.poll()                     # reads only what was appended since the last poll
     run.metrics.records, run.problems        # every metrics record; what could not be read, in words
     rows = run.trajectories.select(task="t3", min_reward=0.5)
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flywheel.metrics.dashboard.online import DB_NAME, OnlineLog
+from flywheel.metrics.dashboard.online import DB_NAME, EventSourceOpener, OnlineLog
 from flywheel.types import Trajectory
 
 _SEGMENTS = b'"segments": ['
@@ -38,6 +40,7 @@ _TOKEN_IDS = b'"token_ids": ['
 _FIRST_SAMPLED = re.compile(rb"(?:-1, )*(\d+)")  # versions: -1 where not sampled, then the first weight version
 CHUNK = 8 << 20  # bytes read at a time when indexing
 MAX_PROBLEMS = 50  # problems kept per file (the first ones; the count goes on)
+STALE_MIN_S = 120.0  # an unfinished run with no write for max(this, 5 trainer steps) is shown as stopped
 
 
 @dataclass
@@ -360,6 +363,7 @@ class RunIndex:
 
     path: Path
     online_window: int = 32  # feedback events in an online run's live accept rate (online.py)
+    open_event_log: EventSourceOpener | None = None  # finds an online run's event log; None: no online view
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     file_problems: list[Problem] = field(default_factory=list)
@@ -370,6 +374,8 @@ class RunIndex:
         self.trajectories = TrajectoryFiles(self.path / "trajectories")
         self.online: OnlineLog | None = None  # an online run's event log (`flywheel serve`), when there is one
         self._stamps: dict[str, float] = {}
+        self.open_problem = ""  # why the run's event log could not be opened
+        self.last_write_s: float | None = None  # newest mtime of what the run writes as it goes
         self.generation = 0  # counts polls that found something new (caches key on it)
         self.poll()
 
@@ -397,9 +403,15 @@ class RunIndex:
             orch = self.config.get("orchestrator")
             orch = orch if isinstance(orch, dict) else {}
             self.trajectories.bucket_key = str(orch.get("task_bucket_key") or "")
-        if self.online is None and (self.path / DB_NAME).exists():
-            self.online = OnlineLog(self.path / DB_NAME, self.online_window)
-            changed_small = True
+        if self.online is None and self.open_event_log is not None:
+            try:
+                source = self.open_event_log(self.path, self.config)
+                self.open_problem = ""
+            except ValueError as err:  # a bad URL or a missing database driver: a sentence, tried again next poll
+                source, self.open_problem = None, str(err)
+            if source is not None:
+                self.online = OnlineLog(source, self.online_window)
+                changed_small = True
         online = 0
         if self.online is not None:
             problem = self.online.problem
@@ -409,7 +421,39 @@ class RunIndex:
                    "files": int(changed_small), "online": online}
         if any(changed.values()):
             self.generation += 1
+        self._note_writes()
         return changed
+
+    def _note_writes(self) -> None:
+        stamps = []
+        for p in [self.path / "metrics.jsonl", *self.trajectories.directory.glob("*.jsonl")]:
+            try:
+                stamps.append(p.stat().st_mtime)
+            except OSError:
+                continue
+        if self.online is not None and self.online.newest_s is not None:
+            stamps.append(self.online.newest_s)
+        self.last_write_s = max(stamps) if stamps else None
+
+    def state(self, now: float | None = None) -> dict[str, Any]:
+        """Whether the run is still being written: "finished" (its summary holds the RL result), "stopped"
+        (interrupted or halted, or no write for a while) or "live", with the reason in words for the badge."""
+        now = time.time() if now is None else now
+        rl = self.summary.get("rl")
+        since = None if self.last_write_s is None else max(0.0, now - self.last_write_s)
+        out: dict[str, Any] = {"last_write_s": self.last_write_s, "idle_s": since}
+        if isinstance(rl, dict):
+            if rl.get("halted"):
+                return {**out, "state": "stopped", "why": f"halted by the anti-cheat monitor at step {rl.get('steps')}"}
+            if rl.get("interrupted"):
+                return {**out, "state": "stopped", "why": f"stopped at step {rl.get('steps')}; resume with --resume"}
+            return {**out, "state": "finished", "why": f"finished: {rl.get('steps')} steps"}
+        times = [r["time"] for r in self.metrics.records if isinstance(r.get("time"), (int, float))]
+        step_s = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 2 else 0.0
+        stale_s = max(STALE_MIN_S, 5 * step_s)
+        if since is not None and since > stale_s:
+            return {**out, "state": "stopped", "why": f"no new writes for {_ago(since)}"}
+        return {**out, "state": "live" if since is not None else "waiting", "why": ""}
 
     def status(self) -> list[str]:
         """Plain-language problems and notes for the page's banner (empty when all is well)."""
@@ -418,6 +462,8 @@ class RunIndex:
             return [f"run directory {self.path} is gone"]
         if self.online is not None and self.online.problem:
             notes.append(f"online event log: {self.online.problem}")
+        if self.open_problem:
+            notes.append(f"online event log: {self.open_problem}")
         if not (self.path / "metrics.jsonl").exists():
             if self.online is None:  # a serving run keeps no metrics.jsonl: its figures are in the event log
                 notes.append("no metrics.jsonl yet: the run has not finished its first trainer step "
@@ -451,6 +497,12 @@ class RunIndex:
         return out
 
 
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def looks_like_run(path: Path) -> bool:
     """A run directory holds metrics, trajectories, a summary or an online event log (`flywheel serve`), or a
     flywheel config.json (a model directory's config.json, which has no `trainer` section, does not count)."""
@@ -462,10 +514,11 @@ def looks_like_run(path: Path) -> bool:
         return False
 
 
-def discover_runs(root: Path) -> list[Path]:
-    """`root` itself when it is a run directory, else its subdirectories that look like runs (sorted)."""
-    if looks_like_run(root):
+def discover_runs(root: Path, named: frozenset[str] = frozenset()) -> list[Path]:
+    """`root` itself when it is a run directory, else its subdirectories that look like runs or are `named`
+    (an online run whose event log is on a database server leaves no file that says so), sorted."""
+    if looks_like_run(root) or root.name in named:
         return [root]
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and looks_like_run(p))
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p.name in named or looks_like_run(p)))

@@ -4,7 +4,10 @@
     flywheel dashboard runs/demo --port 9000     # one run
     flywheel dashboard runs/ --host 0.0.0.0 --token SECRET   # elsewhere than loopback: a token is required
 
-    app = build_app(Dashboard(Path("runs")))     # from code (the browser tests and the benchmark do this)
+    app = build_app(Dashboard(Path("runs"), open_event_log=opener))   # from code (tests, the benchmark)
+
+An online run's event log is read through `open_event_log` (online.py's EventSourceOpener): the dashboard sits
+below online/ in the layers, so commands/dashboard.py builds the reader from online/events.py and hands it in.
 
 Why so: aiohttp is already a dependency and serves both the API and the event stream from one asyncio loop.
 One poller reads what every run appended (runindex.py reads only new bytes; online.py only new rows of an online
@@ -28,9 +31,10 @@ from typing import Any
 from aiohttp import web
 
 from flywheel.metrics.dashboard.diff import RunTasks, replay_diff
+from flywheel.metrics.dashboard.online import EventSourceOpener
 from flywheel.metrics.dashboard.runindex import RunIndex, discover_runs
 from flywheel.metrics.dashboard.trainer_logprobs import TrainerLogprobs, trajectory_key
-from flywheel.metrics.dashboard.transcript import TokenDecoder, group_view, transcript_view
+from flywheel.metrics.dashboard.transcript import TokenDecoder, group_view, run_tools, transcript_view
 
 STATIC = Path(__file__).with_name("static")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -59,10 +63,15 @@ def _json(data: Any, status: int = 200) -> web.Response:
 class Dashboard:
     """The runs under one directory, polled for what they append; subscribers get each change."""
 
-    def __init__(self, root: Path, poll_s: float = 1.0, online_window: int = 32):
+    def __init__(self, root: Path, poll_s: float = 1.0, online_window: int = 32,
+                 open_event_log: EventSourceOpener | None = None, online_runs: frozenset[str] = frozenset()):
+        """`open_event_log` finds an online run's event log (None: no Online view); `online_runs` names runs
+        listed even when their directory shows no sign of a run (an event log on a database server)."""
         self.root = Path(root)
         self.poll_s = poll_s
         self.online_window = online_window
+        self.open_event_log = open_event_log
+        self.online_runs = online_runs
         self.runs: dict[str, RunIndex] = {}
         self.decoders: dict[str, TokenDecoder | None] = {}
         self.tasks: dict[str, RunTasks] = {}
@@ -75,18 +84,20 @@ class Dashboard:
         """Discover runs, read what each appended; returns one event per run that changed."""
         events = []
         with self._lock:
-            for path in discover_runs(self.root):
+            for path in discover_runs(self.root, self.online_runs):
                 name = path.name if path != self.root else self.root.name
                 if name not in self.runs:
-                    self.runs[name] = RunIndex(path, self.online_window)
+                    self.runs[name] = RunIndex(path, self.online_window, self.open_event_log)
                     events.append({"run": name, "new_run": True})
                     continue
                 run = self.runs[name]
                 before = len(run.metrics.records)
+                was = run.state()["state"]
                 changed = run.poll()
-                if any(changed.values()):
+                if any(changed.values()) or run.state()["state"] != was:  # a run that stops writes nothing: say so
                     events.append({"run": name, "first": before, "records": run.metrics.records[before:],
                                    "num_rollouts": len(run.trajectories.rows), "notes": run.status(),
+                                   "state": run.state(),
                                    "files_changed": bool(changed["files"]), "online": bool(changed["online"])})
         return events
 
@@ -95,6 +106,10 @@ class Dashboard:
             raise web.HTTPNotFound(text=json.dumps({"error": f"no run named {name!r} under {self.root}"}),
                                    content_type="application/json")
         return self.runs[name]
+
+    def tools(self, name: str) -> dict[str, dict]:
+        """The tools the run's sessions had (its config's env.tools)."""
+        return run_tools(self.run(name).config)
 
     def decoder(self, name: str) -> TokenDecoder | None:
         if name not in self.decoders or self.decoders[name] is None:
@@ -136,6 +151,7 @@ def run_overview(run: RunIndex) -> dict[str, Any]:
     steps = [r["step"] for r in records if isinstance(r.get("step"), (int, float))]
     return {"name": run.name, "num_records": len(records), "last_step": max(steps) if steps else None,
             "num_rollouts": len(run.trajectories.rows), "notes": run.status(), "online": run.online is not None,
+            "state": run.state(),
             "num_steps": trainer.get("num_steps") if isinstance(trainer := run.config.get("trainer"), dict) else None}
 
 
@@ -151,6 +167,27 @@ def _evals_by_kind(run: RunIndex) -> dict[str, Any]:
                     kinds.setdefault("all", []).append(r["correct"] / r["n"])
         out[name] = {k: {"pass1": sum(v) / len(v), "num_tasks": len(v)} for k, v in sorted(kinds.items())}
     return out
+
+
+def heldout(run: RunIndex) -> dict[str, Any] | None:
+    """Held-out pass@1 before and after RL, with the paired SE of the gain when the job computed it: from
+    summary.json (the job's figures), else from the evaluation files (eval_before/after.jsonl) as they appear."""
+    s = run.summary
+    out: dict[str, Any] = {}
+    if isinstance(s.get("pass1_before"), (int, float)):
+        out = {k: s.get(k) for k in ("pass1_before", "pass1_after", "pass1_gain", "pass1_gain_se")}
+        out["source"] = "summary.json"
+    else:
+        evals = _evals_by_kind(run)
+        for name in ("before", "after"):
+            if "all" in evals.get(name, {}):
+                out[f"pass1_{name}"] = evals[name]["all"]["pass1"]
+                out["num_tasks"] = evals[name]["all"]["num_tasks"]
+        if out:
+            out["source"] = "eval_*.jsonl"
+    if isinstance(out.get("pass1_before"), (int, float)) and isinstance(out.get("pass1_after"), (int, float)):
+        out["pass1_gain"] = out["pass1_after"] - out["pass1_before"]
+    return out or None
 
 
 def _max_turns(run: RunIndex) -> int | None:
@@ -188,17 +225,19 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
     async def runs(request):
         return _json({"root": str(dash.root), "runs": [run_overview(r) for r in dash.runs.values()]})
 
-    detail_cache: dict[str, tuple[int, str]] = {}  # run -> (generation, body): every open page asks for it
+    detail_cache: dict[str, tuple[tuple[int, str], str]] = {}  # run -> (generation, body): every open page asks for it
 
     async def run_detail(request):
         run = dash.run(request.match_info["name"])
         cached = detail_cache.get(run.name)
-        if cached is None or cached[0] != run.generation:
+        state = run.state()["state"]
+        if cached is None or cached[0] != (run.generation, state):
             body = json.dumps(_finite({**run_overview(run), "config": run.config, "summary": run.summary,
+                                       "heldout": heldout(run),
                                        "records": run.metrics.records, "facets": run.trajectories.facets(),
                                        "buckets": run.trajectories.buckets(), "evals": _evals_by_kind(run),
                                        "health": run.trajectories.health(_max_turns(run))}))
-            cached = detail_cache[run.name] = (run.generation, body)
+            cached = detail_cache[run.name] = ((run.generation, state), body)
         return web.Response(text=cached[1], content_type="application/json")
 
     async def rollouts(request):
@@ -234,7 +273,7 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
         except (KeyError, ValueError) as err:
             return _json({"error": f"rollout {request.match_info['id']!r} of run {name!r}: {err}"}, status=404)
         trainer = await asyncio.to_thread(dash.trainer_record, name, traj)
-        view = transcript_view(traj, dash.decoder(name), trainer)
+        view = transcript_view(traj, dash.decoder(name), trainer, dash.tools(name))
         diff = await asyncio.to_thread(dash.final_diff, name, traj.task_id, view)
         return _json({"id": traj_id, **view, "diff": diff["diff"], "diff_note": diff["note"],
                       "row": run.trajectories.rows[traj_id]})
@@ -247,7 +286,7 @@ def build_app(dash: Dashboard, token: str | None = None) -> web.Application:
         if not ids:
             return _json({"error": f"run {name!r} has no group {gid!r}"}, status=404)
         trajs = await asyncio.to_thread(lambda: [(i, run.trajectories.load(i)) for i in ids])
-        return _json({"group": gid, "members": group_view(trajs, dash.decoder(name))})
+        return _json({"group": gid, "members": group_view(trajs, dash.decoder(name), dash.tools(name))})
 
     async def online(request):
         run = dash.run(request.match_info["name"])
@@ -309,10 +348,11 @@ def check_binding(host: str, token: str | None) -> None:
 
 
 def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-          poll_s: float = 1.0, print_fn=print, online_window: int = 32) -> None:
+          poll_s: float = 1.0, print_fn=print, online_window: int = 32, open_event_log: EventSourceOpener | None = None,
+          online_runs: frozenset[str] = frozenset()) -> None:
     """Index the runs under `root` and serve until interrupted."""
     check_binding(host, token)
-    dash = Dashboard(root, poll_s, online_window)
+    dash = Dashboard(root, poll_s, online_window, open_event_log, online_runs)
     url = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
     print_fn(f"flywheel dashboard: {len(dash.runs)} run(s) under {root}; open {url}")
     web.run_app(build_app(dash, token), host=host, port=port, print=None)

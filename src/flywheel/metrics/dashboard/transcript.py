@@ -1,11 +1,12 @@
 """A trajectory as a person reads it: turns with their text, tool calls, per-token log-probs, and the verdict.
 
     decoder = TokenDecoder.for_run(Path("runs/demo"), config)     # the run's tokenizer (None if not found)
-    view = transcript_view(traj, decoder)                           # JSON for the page
+    view = transcript_view(traj, decoder, tools=run_tools(config))  # JSON for the page
 
 Why from tokens: a trajectory keeps only what the trainer needs (token ids, loss mask, sampler log-probs and
 versions), so the transcript is rebuilt from them: split at `<|im_start|>`, each turn's role from its header,
-assistant turns parsed with the harness's own tool-call parser (`policy.chat.parse_turn`). Each sampled token
+assistant turns parsed with the harness's own tool-call parser (`policy.chat.parse_turn`) against the tools the
+run's sessions had (`env.tools` of its config), so an unusable call names the tools that session could call. Each sampled token
 keeps its text, log-prob and weight version so the page can colour it, and, for the trajectories the trainer
 wrote its recomputed log-probs of (trainer_logprobs.py), Δ log p = trainer − sampler. Byte-level BPE pieces are joined with an
 incremental UTF-8 decoder, so a character split across tokens is shown once, on the token that completes it.
@@ -19,14 +20,27 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from flywheel.envs.tools import TOOLS
+from flywheel.config import EnvConfig
+from flywheel.envs.tools import TOOLS, tools_for
 from flywheel.policy.chat import IM_END, IM_START, parse_turn
 from flywheel.types import Trajectory
 
 _TOOLS_BY_NAME = {t["name"]: t for t in TOOLS}
 MAX_TURN_CHARS = 20_000  # longer observations are cut in the view (the file on disk keeps every token)
+
+
+def run_tools(config: dict[str, Any]) -> dict[str, dict]:
+    """The tools (name -> schema) a run's sessions were offered: its config's `env.tools`; all of them when the
+    config is missing or does not parse (an older run)."""
+    env = config.get("env") if isinstance(config, dict) else None
+    try:
+        cfg = EnvConfig(tools=env["tools"]) if isinstance(env, dict) and "tools" in env else EnvConfig()
+    except ValidationError:
+        cfg = EnvConfig()
+    return {t["name"]: t for t in tools_for(cfg)}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -98,7 +112,8 @@ class TokenDecoder:
         return out
 
 
-def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None) -> list[dict[str, Any]]:
+def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None,
+           tools: dict[str, dict] | None = None) -> list[dict[str, Any]]:
     """Split one segment at `<|im_start|>` into turns; sampled tokens keep log-prob and version, and with
     `dlogp` (one per sampled token, in order) their Δ log p (trainer − sampler) as a fourth entry."""
     num_sampled = 0
@@ -148,17 +163,18 @@ def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None) 
             if deltas:
                 turn["max_abs_dlogp"] = max(deltas)
         if role == "assistant":
-            parsed = parse_turn(text, _TOOLS_BY_NAME)
+            parsed = parse_turn(text, _TOOLS_BY_NAME if tools is None else tools)
             turn["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]
             turn["tool_errors"] = [{"kind": e.kind, "message": e.message} for e in parsed.errors]
         out.append(turn)
     return out
 
 
-def transcript_view(traj: Trajectory, decoder: TokenDecoder | None,
-                    trainer: dict[str, Any] | None = None) -> dict[str, Any]:
+def transcript_view(traj: Trajectory, decoder: TokenDecoder | None, trainer: dict[str, Any] | None = None,
+                    tools: dict[str, dict] | None = None) -> dict[str, Any]:
     """Everything the transcript page shows, as JSON-ready data. `trainer`: the trajectory's record of
-    `trainer_logprobs.jsonl` (its `dlogp` per segment and token, and the trainer `step`), if any."""
+    `trainer_logprobs.jsonl` (its `dlogp` per segment and token, and the trainer `step`), if any; `tools`: the
+    session's tools (run_tools; all of them when not given)."""
     dlogps = trainer.get("dlogp") if trainer else None
     reward = traj.reward
     view: dict[str, Any] = {
@@ -174,17 +190,18 @@ def transcript_view(traj: Trajectory, decoder: TokenDecoder | None,
             turns = [{"role": "?", "text": "(no tokenizer found for this run: token ids only) "
                       + json.dumps(seg.token_ids[:2000])}]
         else:
-            turns = _turns(seg, decoder, dlogps[n] if dlogps and n < len(dlogps) else None)
+            turns = _turns(seg, decoder, dlogps[n] if dlogps and n < len(dlogps) else None, tools)
         view["segments"].append({"index": n, "num_tokens": len(seg.token_ids),
                                  "num_sampled": sum(seg.loss_mask), "after_summary": n > 0, "turns": turns})
     return view
 
 
-def group_view(trajs: list[tuple[int, Trajectory]], decoder: TokenDecoder | None) -> list[dict[str, Any]]:
+def group_view(trajs: list[tuple[int, Trajectory]], decoder: TokenDecoder | None,
+               tools: dict[str, dict] | None = None) -> list[dict[str, Any]]:
     """A GRPO group side by side: each member's verdict and its assistant turns (no per-token data)."""
     out = []
     for traj_id, traj in trajs:
-        v = transcript_view(traj, decoder)
+        v = transcript_view(traj, decoder, tools=tools)
         turns = [{k: t[k] for k in ("role", "text", "tool_calls", "tool_errors") if k in t}
                  for s in v["segments"] for t in s["turns"] if t["role"] in ("assistant", "tool")]
         out.append({"id": traj_id, "reward": v["reward"], "env_failure": v["env_failure"], "turns": turns,

@@ -5,13 +5,16 @@
 "use strict";
 
 const R = FlywheelRollouts;
-const state = {runs: [], run: null, detail: null, charts: new Map(), view: "overview", compare: new Set()};
+const state = {runs: [], run: null, detail: null, charts: FlywheelCharts.charts, view: "overview", compare: new Set(),
+  connected: false, rollout: null, group: null};
 const $ = (sel) => document.querySelector(sel);
 
-// Headline tiles: the first key present in the run is shown (label, keys, scale, unit).
+// Headline tiles, after the held-out result: the first key present in the run is shown (label, keys, scale, unit).
+// Reward and pass rate are one tile when they are the same series (a 0/1 reward: every solved rollout scores 1).
+const REWARD_KEYS = ["rollout/reward_all", "reward/mean"], PASS_KEYS = ["rollout/pass_rate_all", "rollout/pass_rate"];
 const TILES = [
-  ["reward (all rollouts)", ["rollout/reward_all", "reward/mean"], 1, ""],
-  ["pass rate (all rollouts)", ["rollout/pass_rate_all", "rollout/pass_rate"], 1, ""],
+  ["mean reward (all rollouts)", REWARD_KEYS, 1, ""],
+  ["solved: every hidden test passed (all rollouts)", PASS_KEYS, 1, ""],
   ["staleness mean", ["staleness/mean"], 1, " versions"],
   ["staleness max", ["staleness/max"], 1, " versions"],
   ["mismatch k3", ["mismatch/k3"], 1, ""],
@@ -78,19 +81,44 @@ function tileValue(x) {
   return a > 0 && a < 1e-3 ? x.toExponential(2) : R.fmt(x, a >= 100 ? 0 : 3);
 }
 
+// The first tile: held-out pass@1 before → after RL, with the paired standard error of the gain when the job wrote it
+function heldoutTile(h) {
+  if (!h || typeof h.pass1_before !== "number") return "";
+  const after = typeof h.pass1_after === "number";
+  const gain = after ? h.pass1_after - h.pass1_before : null;
+  const sub = after ? `gain ${gain >= 0 ? "+" : ""}${R.fmt(gain)}` + (typeof h.pass1_gain_se === "number" ?
+    ` ± ${R.fmt(h.pass1_gain_se)} SE (paired over tasks)` : "") : "after: not evaluated yet";
+  return `<div class="tile heldout" data-key="heldout" title="held-out pass@1 before and after RL (${R.esc(h.source)})">` +
+    `<div class="label">held-out pass@1, before → after RL</div>` +
+    `<div class="value">${R.fmt(h.pass1_before)} → ${after ? R.fmt(h.pass1_after) : "…"}</div>` +
+    `<div class="sub">${R.esc(sub)}</div></div>`;
+}
+
+function sameSeries(records, a, b) {
+  const ya = series(records, a)[1], yb = series(records, b)[1];
+  return ya.length === yb.length && ya.every((y, i) => y === yb[i]);
+}
+
 function renderTiles(records) {
   const keys = keysOf(records);
   const tiles = [];
   const used = new Set();
+  const reward = REWARD_KEYS.find((k) => keys.includes(k)), pass = PASS_KEYS.find((k) => keys.includes(k));
+  const merged = reward && pass && sameSeries(records, reward, pass);
   for (const [label, cands, scale, unit] of TILES) {
     const key = cands.find((k) => keys.includes(k));
-    if (key) { tiles.push([label, key, scale, unit]); used.add(key); }
+    if (!key) continue;
+    if (merged && key === pass) { used.add(key); continue; }
+    tiles.push([merged && key === reward ? "reward = pass rate (all rollouts)" : label, key, scale, unit,
+      merged && key === reward ? `${reward} and ${pass} are the same series: the reward is 0 or 1 (solved or not)` :
+        key]);
+    used.add(key);
   }
-  for (const k of keys) if (EXTRA_TILE.test(k) && !used.has(k)) tiles.push([k, k, 1, ""]);
-  $("#tiles").innerHTML = tiles.map(([label, key, scale, unit]) => {
+  for (const k of keys) if (EXTRA_TILE.test(k) && !used.has(k)) tiles.push([k, k, 1, "", k]);
+  $("#tiles").innerHTML = heldoutTile(state.detail && state.detail.heldout) + tiles.map(([label, key, scale, unit, title]) => {
     const ys = series(records, key)[1].map((y) => y * scale);
     const last = ys.length ? ys[ys.length - 1] : null;
-    return `<div class="tile" data-key="${R.esc(key)}" title="${R.esc(key)}"><div class="label">${R.esc(label)}</div>` +
+    return `<div class="tile" data-key="${R.esc(key)}" title="${R.esc(title)}"><div class="label">${R.esc(label)}</div>` +
       `<div class="value">${tileValue(last)}${unit}</div>` +
       `${spark(ys.slice(-60))}</div>`;
   }).join("") || "<p class='hint'>no metrics yet</p>";
@@ -116,70 +144,12 @@ function renderBuckets(buckets) {
     : "<p class='hint'>no rollouts recorded yet</p>";
 }
 
-function chartOpts(title, labels, width = 330) {
-  const colours = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"];
-  // a flat series gets a visible band around it (uPlot's default for all-zero data is 0..100)
-  const range = (u, lo, hi) => lo === hi ? [lo - (Math.abs(lo) || 1) * 0.1, hi + (Math.abs(hi) || 1) * 0.1]
-    : [lo - (hi - lo) * 0.05, hi + (hi - lo) * 0.05];
-  return {title, width, height: 170, scales: {x: {time: false}, y: {range}},
-    axes: [{label: "trainer step"}, {size: 55}],
-    series: [{label: "step"}, ...labels.map((l, i) => ({label: l, stroke: colours[i % colours.length], width: 1.5,
-      points: {size: 4}}))]};
-}
+function chartOpts(title, labels, width = 330) { return FlywheelCharts.opts(title, labels, width); }
 
-// Chart groups in the order an RL engineer reads them; groups not listed follow, by name.
-const GROUP_ORDER = ["rollout", "reward", "flags", "staleness", "mismatch", "trainer", "throughput", "weights",
-  "engine", "buffer", "node", "sandbox"];
-const FIRST_CHARTS = 8;  // drawn before the page counts as shown; the rest follow in batches, so a run with
-                         // many metrics paints at once and stays responsive
-
-function renderCharts(records) {
-  for (const u of state.charts.values()) u.destroy();
-  state.charts.clear();
-  const generation = state.chartGeneration = (state.chartGeneration || 0) + 1;
-  const groups = new Map();
-  for (const k of keysOf(records)) {
-    const g = k.includes("/") ? k.split("/")[0] : "trainer";
-    if (!groups.has(g)) groups.set(g, []);
-    groups.get(g).push(k);
-  }
-  const rank = (g) => GROUP_ORDER.includes(g) ? GROUP_ORDER.indexOf(g) : GROUP_ORDER.length;
-  const ordered = [...groups].sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b));
-  const root = $("#charts");
-  root.innerHTML = "";
-  const todo = [];
-  for (const [g, keys] of ordered) {
-    const box = document.createElement("div");
-    box.className = "chart-group";
-    box.innerHTML = `<h4>${R.esc(g)}</h4>`;
-    root.appendChild(box);
-    for (const k of keys) {
-      const el = document.createElement("div");
-      el.className = "chart";
-      el.dataset.key = k;
-      box.appendChild(el);
-      todo.push([k, el]);
-    }
-  }
-  const draw = ([k, el]) => state.charts.set(k, new uPlot(chartOpts(k, [k]), series(state.detail.records, k), el));
-  todo.splice(0, FIRST_CHARTS).forEach(draw);
-  const done = () => {
-    window.flywheelChartsDoneMs = performance.now();
-    document.body.dataset.charts = "done";
-  };
-  document.body.dataset.charts = "drawing";
-  const next = () => {
-    if (generation !== state.chartGeneration) return;  // re-rendered meanwhile
-    todo.splice(0, 6).forEach(draw);
-    if (todo.length) setTimeout(next, 0); else done();
-  };
-  if (todo.length) setTimeout(next, 0); else done();
-}
-
-// Charts are drawn when the overview is on screen (a page opened on the rollouts skips ~60 charts).
+// Charts are drawn when the overview is on screen (a page opened on the rollouts skips every chart).
 function drawChartsIfShown() {
   if (state.view !== "overview" || !state.detail) return;
-  if (state.chartsStale) renderCharts(state.detail.records);
+  if (state.chartsStale) FlywheelCharts.render($("#charts"), state.detail.records);
   state.chartsStale = false;
 }
 
@@ -191,8 +161,22 @@ function appendRecords(records) {
   if (keysOf(all).join() !== before || state.chartsStale) {
     state.chartsStale = true;
     drawChartsIfShown();
-  } else for (const [k, u] of state.charts) u.setData(series(all, k));
+  } else FlywheelCharts.append(all);
   showStep();
+}
+
+// The badge: "live" only while the event stream is up and the run is still being written; a run whose summary
+// holds its RL result is "finished", one interrupted, halted or silent for a while "stopped" (server.py's state)
+function showBadge() {
+  const el = $("#live");
+  const st = (state.detail && state.detail.state) || {};
+  const [text, cls] = !state.connected ? ["○ reconnecting", ""] : !state.detail ? ["● connected", "on"] :
+    st.state === "finished" ? ["✓ finished", "done"] : st.state === "stopped" ? ["■ stopped", "stopped"] :
+      st.state === "waiting" ? ["○ waiting for data", ""] : ["● live", "on"];
+  el.textContent = text;
+  el.className = cls;
+  el.dataset.state = st.state || "";
+  el.title = st.why || (cls === "on" ? "the run is being written; updates arrive by server-sent events" : "");
 }
 
 function showStep() {
@@ -205,9 +189,6 @@ function showStep() {
 function renderSummary(d) {
   const s = d.summary || {};
   const parts = [];
-  if (typeof s.pass1_before === "number") parts.push(`held-out pass@1 before ${R.fmt(s.pass1_before)}`);
-  if (typeof s.pass1_after === "number") parts.push(`after ${R.fmt(s.pass1_after)}` +
-    (typeof s.pass1_gain_se === "number" ? ` (gain ± ${R.fmt(s.pass1_gain_se)} paired SE)` : ""));
   if (s.rl) parts.push(`RL: ${s.rl.steps} steps in ${R.fmt(s.rl.wall_s, 0)} s, trainer busy ${R.fmt(s.rl.trainer_busy, 2)}`);
   const cfg = d.config || {};
   if (cfg.orchestrator) parts.push(`mode ${cfg.orchestrator.mode}, max staleness ${cfg.orchestrator.max_staleness}`);
@@ -215,7 +196,31 @@ function renderSummary(d) {
   $("#summary").innerHTML = parts.map((p) => `<span>${R.esc(p)}</span>`).join(" · ");
 }
 
-async function loadRun(name) {
+// ---------------------------------------------------------------------------------------------- deep links
+
+// The address says what is on screen: #run=NAME&view=VIEW[&rollout=ID][&group=GID]. It is written as the user
+// opens a run, a view, a transcript or a group, and read when the page loads (or the address is edited).
+const readHash = () => new URLSearchParams(location.hash.slice(1));
+
+function writeHash() {
+  const p = new URLSearchParams();
+  if (state.run) p.set("run", state.run);
+  p.set("view", state.view);
+  if (state.view === "rollouts" && state.rollout !== null) p.set("rollout", String(state.rollout));
+  if (state.view === "rollouts" && state.group !== null) p.set("group", state.group);  // shown over the transcript
+  const hash = `#${p}`;
+  if (location.hash !== hash) history.replaceState(null, "", hash);
+}
+
+// What the address asked for beyond run and view, once the run's rollouts are listed
+async function restoreDetail(asked) {
+  if (!asked || state.view !== "rollouts") return;
+  if (asked.get("rollout") !== null && asked.get("rollout") !== "") await openRollout(Number(asked.get("rollout")));
+  if (asked.get("group")) await openGroup(asked.get("group"));
+}
+
+async function loadRun(name, asked = null) {
+  if (state.run !== name) { state.rollout = null; state.group = null; closeGroup(false); }
   state.run = name;
   try {
     state.detail = await api(`api/run/${encodeURIComponent(name)}`);
@@ -225,13 +230,13 @@ async function loadRun(name) {
   }
   const d = state.detail;
   banner(d.notes);
+  showBadge();
   $("#nav-online").hidden = !d.online;
   FlywheelOnline.forget();
   if (d.online) {
     await loadOnline();
     // a serving run has no trainer metrics: open on its online view unless the address asked for another
-    if (!d.records.length && state.view === "overview" && !new URLSearchParams(location.hash.slice(1)).get("view"))
-      show("online");
+    if (!d.records.length && state.view === "overview" && !(asked && asked.get("view"))) show("online");
   } else if (state.view === "online") show("overview");
   $("#run-title").textContent = `run ${name}`;
   renderSummary(d);
@@ -247,6 +252,8 @@ async function loadRun(name) {
   form.flag.innerHTML = "<option value=''>any or none</option><option value='any'>some flag</option>" +
     d.facets.flags.map((f) => `<option>${R.esc(f)}</option>`).join("");
   if (state.view === "rollouts") await listRollouts();
+  writeHash();
+  await restoreDetail(asked);
 }
 
 // ---------------------------------------------------------------------------------------------- rollouts
@@ -271,6 +278,13 @@ async function listRollouts() {
 
 async function openRollout(id) {
   const el = $("#rollout-detail");
+  closeGroup(false);
+  state.rollout = id;
+  state.group = null;
+  writeHash();
+  document.querySelectorAll("tr.rollout-row.open").forEach((tr) => tr.classList.remove("open"));
+  const row = document.querySelector(`tr.rollout-row[data-id="${id}"]`);
+  if (row) row.classList.add("open");
   el.innerHTML = "<p class='hint'>loading…</p>";
   try {
     R.transcript(el, await api(`api/run/${encodeURIComponent(state.run)}/rollout/${id}`));
@@ -279,13 +293,30 @@ async function openRollout(id) {
   }
 }
 
+// A group takes the whole width (the list steps aside): its members wrap in a grid, each scrolling on its own
 async function openGroup(gid) {
   const el = $("#rollout-detail");
+  state.group = gid;
+  writeHash();
+  $("#rollout-split").classList.add("group-open");
   try {
     R.group(el, await api(`api/run/${encodeURIComponent(state.run)}/group?id=${encodeURIComponent(gid)}`));
+    const back = document.createElement("button");
+    back.className = "back";
+    back.textContent = "← back to the list";
+    back.addEventListener("click", () => closeGroup(true));
+    el.prepend(back);
   } catch (err) {
     el.innerHTML = `<p class="error">${R.esc(err.message)}</p>`;
   }
+}
+
+function closeGroup(rewrite) {
+  $("#rollout-split").classList.remove("group-open");
+  if (!rewrite) return;
+  state.group = null;
+  $("#rollout-detail").innerHTML = "<p class='hint'>Pick a rollout to read its transcript.</p>";
+  if (state.rollout !== null) openRollout(state.rollout); else writeHash();
 }
 
 // ---------------------------------------------------------------------------------------------- online
@@ -340,6 +371,7 @@ async function renderCompare() {
 
 function show(view) {
   state.view = view;
+  writeHash();
   for (const v of ["overview", "rollouts", "compare", "online"]) $(`#view-${v}`).hidden = v !== view;
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
   if (view === "overview") drawChartsIfShown();
@@ -348,16 +380,16 @@ function show(view) {
 }
 
 function connect() {
-  const live = $("#live");
   const es = new EventSource("api/events");
-  es.onopen = () => { live.textContent = "● live"; live.className = "on"; };
-  es.onerror = () => { live.textContent = "○ reconnecting"; live.className = ""; };
+  es.onopen = () => { state.connected = true; showBadge(); };
+  es.onerror = () => { state.connected = false; showBadge(); };
   es.addEventListener("update", async (msg) => {
     const ev = JSON.parse(msg.data);
     if (ev.new_run || !state.run) return loadRuns();
     if (ev.run !== state.run || !state.detail) return;
     if (ev.files_changed) return loadRun(state.run);
     banner(ev.notes || []);
+    if (ev.state) { state.detail.state = ev.state; showBadge(); }
     if (ev.online) loadOnline();
     state.detail.num_rollouts = ev.num_rollouts;
     // `first`: the index of the event's first record; the page may already hold some (it fetched the run after
@@ -384,10 +416,12 @@ async function loadRuns() {
     return;
   }
   const sel = $("#run-select");
-  const wanted = new URLSearchParams(location.hash.slice(1)).get("run");
+  const asked = state.asked;
+  state.asked = null;
+  const wanted = asked && asked.get("run");
   const name = state.run || (data.runs.find((r) => r.name === wanted) || data.runs[0]).name;
   sel.innerHTML = data.runs.map((r) => `<option${r.name === name ? " selected" : ""}>${R.esc(r.name)}</option>`).join("");
-  await loadRun(name);
+  await loadRun(name, asked);
 }
 
 document.querySelectorAll("nav a").forEach((a) => a.addEventListener("click", (ev) => {
@@ -397,7 +431,24 @@ document.querySelectorAll("nav a").forEach((a) => a.addEventListener("click", (e
 $("#run-select").addEventListener("change", (ev) => loadRun(ev.target.value));
 $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); listRollouts(); });
 $("#compare-key").addEventListener("change", renderCompare);
-show(new URLSearchParams(location.hash.slice(1)).get("view") || "overview");
+$("#chart-search").addEventListener("input", (ev) => FlywheelCharts.filter(ev.target.value));
+let smoothTimer = null;
+$("#smooth").addEventListener("input", (ev) => {
+  $("#smooth-value").textContent = Number(ev.target.value).toFixed(2);
+  clearTimeout(smoothTimer);
+  smoothTimer = setTimeout(() => FlywheelCharts.setSmoothing(Number(ev.target.value)), 120);
+});
+$("#x-axis").addEventListener("change", (ev) => FlywheelCharts.setAxis(ev.target.value));
+$("#expand-all").addEventListener("click", () => FlywheelCharts.expandAll(true));
+$("#collapse-all").addEventListener("click", () => FlywheelCharts.expandAll(false));
+window.addEventListener("hashchange", () => {  // an address edited or pasted into this tab
+  const asked = readHash();
+  if (asked.get("view") && asked.get("view") !== state.view) show(asked.get("view"));
+  if (asked.get("run") && asked.get("run") !== state.run) loadRun(asked.get("run"), asked);
+  else restoreDetail(asked);
+});
+state.asked = readHash();
+show(state.asked.get("view") || "overview");
 loadRuns().then(() => {  // the moment the page shows its data (the benchmark's first paint)
   window.flywheelReadyMs = performance.now();
   document.body.dataset.ready = "1";

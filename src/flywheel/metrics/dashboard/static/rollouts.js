@@ -12,20 +12,24 @@ const FlywheelRollouts = (() => {
   function listTable(rows, onOpen, onGroup) {
     const table = document.createElement("table");
     table.className = "rollouts";
-    table.innerHTML = "<thead><tr><th>#</th><th>task</th><th>bucket</th><th>version</th><th>reward</th>" +
-      "<th>tests</th><th>turns</th><th>tool calls (errors)</th><th>sampled tokens</th><th>flags</th>" +
-      "<th>group</th></tr></thead>";
+    // compact headers (their full meaning in the title) so every column fits half of a 1,400 px window
+    const head = [["#", "row id"], ["task", "task id"], ["bucket", "task bucket"], ["ver", "weight version that sampled it"],
+      ["reward", "reward"], ["tests", "hidden tests passed / total"], ["turns", "turns"],
+      ["calls", "tool calls (unusable ones)"], ["tokens", "sampled tokens"], ["flags", "anti-cheat flags"],
+      ["group", "the GRPO group side by side"]];
+    table.innerHTML = "<thead><tr>" + head.map(([h, t]) => `<th title="${t}">${h}</th>`).join("") + "</tr></thead>";
     const body = document.createElement("tbody");
     for (const r of rows) {
       const tr = document.createElement("tr");
       tr.className = "rollout-row" + (r.passed ? " passed" : "") + (r.flags.length ? " flagged" : "");
       tr.dataset.id = r.id;
-      tr.innerHTML = `<td>${r.id}</td><td>${esc(r.task)}</td><td>${esc(r.bucket)}</td><td>${r.version}</td>` +
+      tr.innerHTML = `<td>${r.id}</td><td class="task" title="${esc(r.task)}">${esc(r.task)}</td>` +
+        `<td class="bucket" title="${esc(r.bucket)}">${esc(r.bucket)}</td><td>${r.version}</td>` +
         `<td class="num">${r.env_failure ? "env failure" : fmt(r.reward)}</td>` +
         `<td>${r.tests_passed}/${r.tests_total}</td><td>${r.turns}</td>` +
         `<td>${r.tool_calls} (${r.tool_errors})</td><td>${r.sampled_tokens}</td>` +
-        `<td>${r.flags.map((f) => `<span class="flag">${esc(f)}</span>`).join(" ")}</td>` +
-        `<td><a href="#" class="group-link">side by side</a></td>`;
+        `<td class="flags">${r.flags.map((f) => `<span class="flag">${esc(f)}</span>`).join(" ")}</td>` +
+        `<td><a href="#" class="group-link" title="the whole group side by side">side by side</a></td>`;
       tr.addEventListener("click", (ev) => {
         ev.preventDefault();
         if (ev.target.classList.contains("group-link")) onGroup(r.group); else onOpen(r.id);
