@@ -145,3 +145,21 @@ def test_a_tokenizer_without_chatml_markers_is_refused_with_what_to_pick():
     with pytest.raises(UserError, match="ChatML chat template") as err:
         ChatFormat(bare)
     assert "train a tokenizer" not in str(err.value)
+
+
+def test_a_run_without_learning_signal_says_so_once(caplog):
+    """An untrained policy that solves nothing: every group uniform, no step can run; the loop says why."""
+    from flywheel.orchestrator.loop import NoSignalWatch
+    from flywheel.types import Reward, Trajectory
+
+    cfg = load_config(None, ["--trainer.batch_size", "4", "--rollout.group_size", "2"])
+    watch = NoSignalWatch(cfg)
+    group = [Trajectory(task_id="t", group_id="g", reward=Reward(value=0.0)) for _ in range(2)]
+    with caplog.at_level("WARNING"):
+        for _ in range(watch.limit - 1):
+            watch.observe("uniform", group)
+        watch.observe("admitted", group)  # a group with signal resets the count
+        for _ in range(watch.limit * 2):
+            watch.observe("uniform", group)
+    warnings = [r for r in caplog.records if "no learning signal" in r.getMessage()]
+    assert len(warnings) == 1 and "drop_uniform_groups" in warnings[0].getMessage()

@@ -17,6 +17,7 @@ back into the buffer. SIGINT/SIGTERM stop the loop after the current step and wr
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -114,6 +115,25 @@ def hidden_tests_ran(traj: Trajectory) -> bool:
     return not (components.get("tests_cached") or components.get("tests_not_run"))
 
 
+class NoSignalWatch:
+    """Says once, on stderr, that the run cannot step: every group lately earned one reward (the policy solves none
+    of the tasks, or all), so drop_uniform_groups leaves nothing to train on and RL would wait for ever."""
+
+    def __init__(self, cfg: FlywheelConfig):
+        self.limit = 4 * max(1, math.ceil(cfg.trainer.batch_size / cfg.rollout.group_size))
+        self.streak, self.warned = 0, False
+
+    def observe(self, verdict: str, group: list[Trajectory]) -> None:
+        self.streak = self.streak + 1 if verdict == "uniform" else 0 if verdict == "admitted" else self.streak
+        if self.streak >= self.limit and not self.warned:
+            self.warned = True
+            reward = next((t.reward.value for t in group if t.reward is not None), "?")
+            logging.getLogger(__name__).warning(
+                "the last %d groups each earned one reward for every session (%s): no learning signal, so no "
+                "trainer step can run. Mid-train the policy more (midtrain.*), train on easier tasks "
+                "(synth.difficulties), or set orchestrator.drop_uniform_groups = false", self.streak, reward)
+
+
 def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_dir: Path, tasks: list[Task], *,
            resume: bool = False, on_step: Callable[[dict], None] | None = None,
            stop_event: threading.Event | None = None) -> dict:
@@ -155,6 +175,7 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
     busy_s = 0.0
     monitor = FlagMonitor(cfg.env.flag_rate_window, cfg.env.halt_on_flag_rate)
     halted: dict | None = None
+    no_signal = NoSignalWatch(cfg)
     previous_handlers = _install_stop_handlers(stop_event)
     try:
         source.start(timeout_s=cfg.orchestrator.start_timeout_s)  # inside: an engine that fails to start is stopped too
@@ -184,8 +205,10 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                               "threshold": monitor.halt_rate, "step": trainer.version}
                     stop_event.set()
                 num_tokens += sum(t.meta.get("num_sampled_tokens", 0) for t in group)
-                if buffer.admit(group, trainer.version, key=admitted.count) == "admitted":
+                verdict = buffer.admit(group, trainer.version, key=admitted.count)
+                if verdict == "admitted":
                     admitted.append(group)
+                no_signal.observe(verdict, group)
             batch = buffer.take(cfg.trainer.batch_size, trainer.version)
             if batch is None:
                 continue
