@@ -1,7 +1,7 @@
 """Grow or shrink the inference pool of a running Ray-backend run (docs/ray.md).
 
     flywheel pool add RUN_DIR [--region eu] [--num-engines 2]
-    flywheel pool remove RUN_DIR NODE_ID [--no-drain]
+    flywheel pool remove RUN_DIR 3 [--no-drain]        # node 3 (its id in `flywheel pool status RUN_DIR`)
     flywheel pool status RUN_DIR
 
 Why a file: the running loop polls `RUN_DIR/pool/commands.jsonl` (one JSON command a line, appended here)
