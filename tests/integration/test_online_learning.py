@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.config import TrainerConfig, load_config
 from flywheel.inference.local import LocalEngine
 from flywheel.online.deploy import DeploymentFollower, deployed_version
@@ -16,6 +15,7 @@ from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord
 from flywheel.online.gate import Gate
 from flywheel.online.keys import new_key
 from flywheel.online.learner import OnlineLearner
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.online.service import ensure_initial
 from flywheel.online.simulator import PreferenceSuite, SimUser, SuggestionTask, simulate
 from flywheel.policy.chat import ChatFormat

@@ -11,8 +11,8 @@ import openai
 import pytest
 from polling import wait_for
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.config import load_config
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.online.service import Service
 from flywheel.types import Trajectory
 

@@ -15,11 +15,11 @@ import time
 import pytest
 from polling import wait_for
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.config import load_config
 from flywheel.online.deploy import deployed_version
 from flywheel.online.events import EventLog
 from flywheel.online.keys import new_key
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.online.simulator import SimUser, SuggestionTask, simulate
 from flywheel.pipeline.evaluation import evaluate_model
 from flywheel.policy.model import load_model, save_model

@@ -17,10 +17,10 @@ import httpx
 import openai
 import pytest
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.online.deploy import deployed_version
 from flywheel.online.events import CompletionRecord, EventLog, FeedbackRecord
 from flywheel.online.keys import new_key
+from flywheel.online.serve_process import ServerProcess, build_policy
 
 
 def _pg_bin() -> Path | None:

@@ -15,9 +15,9 @@ import openai
 import pytest
 import torch
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.online.events import CompletionRecord, EventLog
 from flywheel.online.keys import new_key
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import load_model
 from flywheel.policy.tokenizer import load_tokenizer

@@ -26,8 +26,8 @@ import openai
 import pytest
 import torch
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.online.events import EventLog
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.logprobs import token_logprobs
 from flywheel.policy.model import load_model

@@ -97,3 +97,11 @@ def test_a_ray_key_from_before_the_ray_table_names_its_new_place():
         load_config(None, ["--orchestrator.ray_num_graders", "2"])
     cfg = load_config(None, ["--orchestrator.ray.num_graders", "2", "--orchestrator.ray.regions", '["us", "eu"]'])
     assert cfg.orchestrator.ray.num_graders == 2 and cfg.orchestrator.ray.regions == ["us", "eu"]
+
+
+def test_config_reference_documents_each_section_once():
+    """A nested section (trainer.mesh, online.serve, ...) is one table, linked from its parent's."""
+    from flywheel.config.reference import reference_markdown
+
+    headings = [line for line in reference_markdown().splitlines() if line.startswith("## ")]
+    assert len(headings) == len(set(headings)) and "## `trainer.mesh`" in headings

@@ -131,13 +131,17 @@ def test_links_modes_and_empty_dirs_travel(tmp_path, task):
 
 
 def test_bad_changes_are_rejected(tmp_path):
+    root, outside = tmp_path / "ws", tmp_path / "outside.txt"  # an absolute path the test owns: a broken check
+    root.mkdir()                                                # deletes that, never a file of the machine's
+    outside.write_text("keep")
     with pytest.raises(ValueError, match="inside the workspace"):
-        apply_changes(tmp_path, Changes(files={"../escape.py": (b"x", 0o644)}))
+        apply_changes(root, Changes(files={"../escape.py": (b"x", 0o644)}))
     with pytest.raises(ValueError, match="inside the workspace"):
-        apply_changes(tmp_path, Changes(deleted=["/etc/passwd"]))
+        apply_changes(root, Changes(deleted=[str(outside)]))
+    assert outside.read_text() == "keep"
     with pytest.raises(TypeError, match="Changes"):
-        apply_changes(tmp_path, {"files": {}})
-    assert not (tmp_path.parent / "escape.py").exists()
+        apply_changes(root, {"files": {}})
+    assert not (tmp_path / "escape.py").exists()
 
 
 def test_coding_env_with_a_grader_gives_the_in_process_rewards(tmp_path):

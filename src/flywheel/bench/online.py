@@ -29,92 +29,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from flywheel.config import ModelConfig
 from flywheel.online.events import EventLog
 from flywheel.online.keys import new_key
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.online.simulator import Interaction, SimUser, SuggestionTask, simulate
-from flywheel.policy.model import build_model, save_model
-from flywheel.policy.tokenizer import default_corpus, save_tokenizer, train_tokenizer
 
 TARGETS = {"accept_rate_gain": 0.10, "dropped_requests": 0, "poisoned_requests_served": 0}
 MAX_HARM = 0.05  # a version trained on the burst is harmful when its held-out score is this far below the pre-burst one
 PHASES = {"before": 96, "learn": 960, "poison": 384, "after": 256}
 QUICK = {"before": 48, "learn": 240, "poison": 96, "after": 96}
-# `--key=value`: a bare value after an override would be taken for serve's CONFIG argument
-SERVER_ARGS = ["--online.serve.port=0", "--online.learner.candidate_every_events=48", "--online.learner.batch_size=8",
-               "--online.learner.lr=2e-3", "--online.gate.num_prompts=256", "--online.serve.default_max_tokens=4",
-               "--inference.prefix_cache_mb=0"]
-
-
-def build_policy(out: Path, seed: int = 0) -> Path:
-    tok = train_tokenizer(default_corpus(300_000), 1024)
-    model = build_model(ModelConfig(preset="tiny", num_layers=2, max_seq_len=512, seed=seed), len(tok),
-                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    save_model(model, out)
-    save_tokenizer(tok, out)
-    return out
-
-
-class ServerProcess:
-    """`flywheel serve` in a child process; `kill()` is SIGKILL (tests use it for durability)."""
-
-    def __init__(self, run_dir: Path, model_dir: Path, extra: list[str] | None = None, db_url: str = "",
-                 wait: bool = True):
-        self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.port_file = run_dir / f"port-{time.monotonic_ns()}.json"
-        self.key_file = run_dir / "key.txt"
-        cmd = [sys.executable, "-m", "flywheel.cli", "serve", "--model", str(model_dir), f"--run_dir={run_dir}",
-               "--port-file", str(self.port_file), "--key-file", str(self.key_file), *SERVER_ARGS, *(extra or [])]
-        if db_url:
-            cmd += [f"--online.serve.db_url={db_url}"]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        self.log_path = run_dir / "serve.log"
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT, env=env)
-        self.port, self.base_url = 0, ""
-        if wait:
-            self.wait_ready()
-
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
-        """Until the server listens (it writes its port file then)."""
-        deadline = time.time() + timeout_s
-        while not self.port_file.is_file():
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"flywheel serve did not start:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-        self.port = json.loads(self.port_file.read_text())["port"]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-
-    def status(self, key: str) -> dict:
-        return httpx.get(f"{self.base_url}/flywheel/status", headers={"Authorization": f"Bearer {key}"},
-                         timeout=30).json()
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None

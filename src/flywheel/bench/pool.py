@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.online.events import EventLog
 from flywheel.online.keys import new_key
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.online.simulator import Interaction, SimUser, SuggestionTask, simulate
 
 NUM_REQUESTS, IDLE_S = 240, 60.0

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from flywheel.bench.online import ServerProcess, build_policy
 from flywheel.online.events import EventLog
+from flywheel.online.serve_process import ServerProcess, build_policy
 from flywheel.policy.model import load_model
 from flywheel.weights.sync import Publisher
 

@@ -20,7 +20,10 @@ def reference_markdown() -> str:
                       "| key | type | default | description |", "|---|---|---|---|"])
         for name, f in model.model_fields.items():
             ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
+            if isinstance(ann, type) and issubclass(ann, BaseModel):  # a nested section: its own heading, once
+                path = name if title == "(top level)" else f"{title}.{name}"
+                desc = "; ".join(filter(None, [f.description, f"its keys: [`{path}`](#{path.replace('.', '')})"]))
+                lines.append(f"| `{name}` | section | | {desc} |")
                 continue
             bounds = [f"{k} {getattr(m, k)}" for m in f.metadata for k in ("gt", "ge", "lt", "le")
                       if getattr(m, k, None) is not None]
@@ -29,12 +32,9 @@ def reference_markdown() -> str:
             default = f.get_default(call_default_factory=True)
             lines.append(f"| `{name}` | `{typ}` | `{json.dumps(default)}` | {desc} |")
         lines.append("")
-        if title != "(top level)":  # nested sections (trainer.mesh) follow their parent
-            for name, f in model.model_fields.items():
-                if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
-                    section(f"{title}.{name}", f.annotation)
 
     def walk(prefix: str, model: type[BaseModel]) -> None:
+        """Each section once, depth first: a parent, then its nested sections (trainer, trainer.mesh, ...)."""
         for name, f in model.model_fields.items():
             if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
                 section(prefix + name, f.annotation)

@@ -31,6 +31,7 @@ from flywheel.envs.reward import (
     SKIP_DIRS,  # what reward.grade's copy leaves out: skipped here too
     grade,
 )
+from flywheel.sandbox.nofollow import inside, real_parents, remove_entry, write_inside
 from flywheel.tasks.loaders import task_base_dir
 from flywheel.types import Reward, Task
 
@@ -115,57 +116,28 @@ def capture_changes(base: Path, workspace: Path) -> Changes:
     return ch
 
 
-def _safe(root: Path, rel: str) -> Path:
-    """`root/rel` for a relative path that stays inside `root` lexically (links on the way are replaced)."""
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
-        raise ValueError(f"changed path {rel!r} must be relative and stay inside the workspace")
-    return root / rel
-
-
-def _clear_parents(root: Path, rel: str) -> None:
-    """Every ancestor of `rel` under `root` a real directory (a planted link or file on the way is removed)."""
-    cur = root
-    for part in Path(rel).parts[:-1]:
-        cur = cur / part
-        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
-            cur.unlink()
-        if not cur.exists():
-            cur.mkdir()
-
-
-def _remove(p: Path) -> None:
-    if p.is_symlink() or (p.exists() and not p.is_dir()):
-        p.unlink()
-    elif p.is_dir():
-        shutil.rmtree(p)
-
-
 def apply_changes(root: Path, changes: Changes) -> None:
     """Turn a copy of the task's base at `root` into the agent's final workspace."""
     if not isinstance(changes, Changes):
         raise TypeError(f"changes must be a Changes (from capture_changes), got {type(changes).__name__}")
     root = Path(root)
     for rel in changes.deleted:
-        p = _safe(root, rel)
+        p = inside(root, rel)
         if all(q.is_dir() and not q.is_symlink() for q in [p.parent, *p.parent.parents] if q != root and root in q.parents):
-            _remove(p)  # (a path under an already removed tree is gone with it)
+            remove_entry(p)  # (a path under an already removed tree is gone with it)
     for rel in changes.dirs:
-        p = _safe(root, rel)
-        _clear_parents(root, rel)
+        p = inside(root, rel)
+        real_parents(root, rel)
         if p.is_symlink() or (p.exists() and not p.is_dir()):
             p.unlink()
         p.mkdir(exist_ok=True)
     for rel, target in changes.links.items():
-        p = _safe(root, rel)
-        _clear_parents(root, rel)
-        _remove(p)
+        p = inside(root, rel)
+        real_parents(root, rel)
+        remove_entry(p)
         os.symlink(target, p)
     for rel, (data, mode) in changes.files.items():
-        p = _safe(root, rel)
-        _clear_parents(root, rel)
-        _remove(p)
-        p.write_bytes(data)
-        os.chmod(p, mode)
+        write_inside(root, rel, data, mode)
 
 
 class RebuildGrader:

@@ -67,6 +67,7 @@ from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
 from flywheel.envs.junit import junit_key, parse_junit, statuses_of
 from flywheel.envs.suite import PYTEST_ENV, grade_suite, runs_pytest
+from flywheel.sandbox.nofollow import write_inside
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.services import TaskServices
 from flywheel.sandbox.workspace import base_permissions
@@ -295,15 +296,15 @@ def _restore(task: Task, root: Path, orig: set[str], changes: WorkspaceChanges) 
         if is_test_path(rel) or Path(rel).name in PYTEST_CONFIGS:
             text = original_file(task, rel)
             if text is not None:
-                _put(root, rel, text)
+                write_inside(root, rel, text)
     _restore_support(task, now, root, changes)
     for rel, text in task.hidden_files.items():
-        _put(root, rel, text)
+        write_inside(root, rel, text)
     if task.test_patch:
         for rel in re.findall(r"^diff --git a/(\S+) b/", task.test_patch, re.MULTILINE):
             text = original_file(task, rel)
             if text is not None:
-                _put(root, rel, text)
+                write_inside(root, rel, text)
             elif (root / rel).exists():
                 (root / rel).unlink()
         r = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=task.test_patch, text=True,
@@ -319,34 +320,11 @@ def _restore_support(task: Task, now: dict[str, Path], root: Path, changes: Work
     for rel in sorted(support_files(task, set(changes.modified) | set(changes.deleted))):
         original = original_bytes(task, rel)
         if original is not None:
-            _put(root, rel, original)
+            write_inside(root, rel, original)
     for rel in support_files(task, set(changes.added)):
         path = now.get(rel)  # from the walk of the grading copy: never a path through a link the agent planted
         if path is not None:
             path.unlink(missing_ok=True)
-
-
-def _put(root: Path, rel: str, text: str | bytes) -> None:
-    """Write `root/rel` as host root without ever following a link the agent planted: every symlink (or
-    non-directory) on the way is replaced by a real directory, and the file itself is replaced, not opened."""
-    parts = Path(rel).parts
-    cur = root
-    for part in parts[:-1]:
-        cur = cur / part
-        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
-            cur.unlink()
-        if not cur.exists():
-            cur.mkdir()
-    dest = cur / parts[-1]
-    if dest.is_symlink() or dest.exists():
-        if dest.is_dir() and not dest.is_symlink():
-            shutil.rmtree(dest)
-        else:
-            dest.unlink()
-    if isinstance(text, bytes):
-        dest.write_bytes(text)
-    else:
-        dest.write_text(text, encoding="utf-8")
 
 
 def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] | None = None,
