@@ -1,6 +1,6 @@
 """Real run directories for the dashboard's browser tests: a tiny RL run, scripted sessions, broken runs.
 
-The server and the browser come from flywheel.bench.browser (the benchmark uses the same ones).
+The server and the browser come from flywheel.metrics.dashboard.browser (the benchmark uses the same ones).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from flywheel.bench.sessions import scripted_group
 from flywheel.config import EnvConfig, load_config, save_config
 from flywheel.envs.tools import tools_for
 from flywheel.orchestrator.loop import AdmittedLog, run_rl
 from flywheel.pipeline.evaluation import evaluate_model
+from flywheel.pipeline.scripted import scripted_group
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import build_model, save_model
 from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer

@@ -3,9 +3,9 @@
     .venv/bin/python -m pytest -q tests/integration/test_dashboard_browser.py
 
 A tiny RL run (run_rl, random policy) writes metrics and trajectories; a group of scripted-policy sessions (real
-harness, sandbox and grader: bench/sessions.py) adds transcripts with tool calls, a self-summary and an
+harness, sandbox and grader: pipeline/scripted.py) adds transcripts with tool calls, a self-summary and an
 anti-cheat flag. The server is `flywheel dashboard` in a child process; the page is driven by Playwright.
-The window is 1,400 × 1,000 (bench/browser.py). Screenshots of the overview, the rollout table with a transcript,
+The window is 1,400 × 1,000 (metrics/dashboard/browser.py). Screenshots of the overview, the rollout table with a transcript,
 a group and the rest land in $FLYWHEEL_SCREENSHOTS when set (docs/observability.md shows them), else in a pytest
 temporary directory, printed at the end of the module.
 """
@@ -23,8 +23,8 @@ from dashboard_fixtures import Base, make_bad_runs, make_wide_group_run
 from playwright.sync_api import sync_playwright
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from flywheel.bench.browser import DashboardProcess as Server
-from flywheel.bench.browser import launch_chromium
+from flywheel.metrics.dashboard.browser import DashboardProcess as Server
+from flywheel.metrics.dashboard.browser import launch_chromium
 from flywheel.metrics.dashboard.trainer_logprobs import trajectory_key
 from flywheel.metrics.log import MetricsLog, read_metrics
 from flywheel.metrics.report import write_report

@@ -21,7 +21,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 from test_online_postgres import postgres_url  # noqa: F401 - the fixture: a PostgreSQL cluster for this module
 
-from flywheel.bench.browser import DashboardProcess, launch_chromium
+from flywheel.metrics.dashboard.browser import DashboardProcess, launch_chromium
 from flywheel.online.deploy import rollback
 from flywheel.online.events import CompletionRecord, EventLog, EventLogReader, EventLogUnreadable, FeedbackRecord
 

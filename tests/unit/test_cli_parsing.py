@@ -54,13 +54,17 @@ def test_version_prints_the_version(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"flywheel {__version__}"
 
 
-def test_bench_lists_only_modules_that_are_targets():
-    """bench/browser.py and bench/sessions.py are helpers without run(): no target."""
+def test_bench_lists_only_modules_that_are_targets(tmp_path, monkeypatch):
+    """A bench module is a target when it defines run(args); a shared helper module without run() is not."""
+    from flywheel import bench
     from flywheel.commands.bench import _targets
 
-    targets = _targets()
-    assert {"engine", "weights", "online"} <= set(targets)
-    assert not {"browser", "sessions"} & set(targets)
+    assert {"engine", "weights", "online"} <= set(_targets())
+    (tmp_path / "measured.py").write_text("def run(args):\n    return {}\n")
+    (tmp_path / "helpers.py").write_text("def launch():\n    pass\n")
+    (tmp_path / "_private.py").write_text("def run(args):\n    return {}\n")
+    monkeypatch.setattr(bench, "__path__", [str(tmp_path)])
+    assert _targets() == ["measured"]
 
 
 @pytest.fixture

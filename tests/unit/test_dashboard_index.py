@@ -11,7 +11,6 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from flywheel.bench.sessions import scripted_group
 from flywheel.config import EnvConfig
 from flywheel.envs.tools import tools_for
 from flywheel.metrics.dashboard.diff import RunTasks, replay_diff
@@ -33,6 +32,7 @@ from flywheel.metrics.dashboard.trainer_logprobs import (
 )
 from flywheel.metrics.dashboard.transcript import TokenDecoder, transcript_view
 from flywheel.orchestrator.loop import AdmittedLog
+from flywheel.pipeline.scripted import scripted_group
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.tokenizer import default_corpus, save_tokenizer, train_tokenizer
 from flywheel.tasks.loaders import save_tasks

@@ -14,12 +14,12 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb.proto import wandb_internal_pb2
 
-from flywheel.bench.sessions import scripted_group
 from flywheel.config import EnvConfig, MetricsConfig
 from flywheel.envs.tools import tools_for
 from flywheel.metrics.dashboard.transcript import TokenDecoder
 from flywheel.metrics.log import MetricsLog, read_metrics
 from flywheel.metrics.trackers import scalars
+from flywheel.pipeline.scripted import scripted_group
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.tokenizer import default_corpus, train_tokenizer
 from flywheel.tasks.synth import generate_tasks

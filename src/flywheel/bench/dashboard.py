@@ -3,7 +3,7 @@
     flywheel bench dashboard --out benchmarks/results/dashboard.json [--quick]
 
 The run directory is written by flywheel's own writers (AdmittedLog, MetricsLog, save_config): 40 groups of
-scripted-policy sessions run through the real harness, sandbox and grader (bench/sessions.py), then copied with
+scripted-policy sessions run through the real harness, sandbox and grader (pipeline/scripted.py), then copied with
 new group ids, weight versions and sampler log-probs until there are 10,000 trajectories (2,000 with --quick),
 with one metrics record per 20 of them. `flywheel dashboard` runs in a child process; Debian's chromium, driven
 by Playwright, loads the page.
@@ -29,13 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from flywheel.bench.browser import DashboardProcess, launch_chromium
-from flywheel.bench.sessions import scripted_group
 from flywheel.config import EnvConfig, load_config, save_config
 from flywheel.envs.tools import tools_for
+from flywheel.metrics.dashboard.browser import DashboardProcess, launch_chromium
 from flywheel.metrics.dashboard.runindex import TrajectoryFiles, full_summaries
 from flywheel.metrics.log import MetricsLog
 from flywheel.orchestrator.loop import AdmittedLog, batch_metrics, received_metrics
+from flywheel.pipeline.scripted import scripted_group
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.tokenizer import default_corpus, save_tokenizer, train_tokenizer
 from flywheel.tasks.synth import generate_tasks

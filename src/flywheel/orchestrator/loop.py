@@ -189,7 +189,12 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                 missing = math.ceil((cfg.trainer.batch_size - len(buffer)) / cfg.rollout.group_size)
                 source.request(missing, min_version=trainer.version)
                 outstanding = missing
-            msg = source.get(timeout_s=0.5)
+            try:
+                msg = source.get(timeout_s=0.5)
+            except RuntimeError:
+                if stop_event.is_set():  # the signal reached the engines too (Ctrl-C, a kill of the process
+                    break                # group): stop as asked, with a checkpoint, not as a crash
+                raise
             if msg is not None and msg[0] == "group":
                 _, node_id, group, stats = msg
                 node_stats[node_id] = stats

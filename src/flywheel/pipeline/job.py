@@ -89,6 +89,7 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
     changed = claim_run_dir(cfg, resume=resume)
     if cfg.model.path:  # a typo is found now, not after the tasks and the tokenizer are built
         resolve_model_dir(cfg.model.path, option="model.path")
+        tokenizer_dir(cfg, run_dir)  # and a base without its tokenizer
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
     summary_path = run_dir / "summary.json"

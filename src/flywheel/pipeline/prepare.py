@@ -17,7 +17,7 @@ import itertools
 import shutil
 from pathlib import Path
 
-from flywheel.config import FlywheelConfig
+from flywheel.config import FlywheelConfig, UserError
 from flywheel.policy.model_import import import_model
 from flywheel.policy.tokenizer import default_corpus, load_tokenizer, save_tokenizer, train_tokenizer
 from flywheel.tasks.loaders import load_tasks, save_tasks
@@ -77,16 +77,25 @@ def prepare_pretrained(cfg: FlywheelConfig, run_dir: Path) -> Path | None:
 
 
 def tokenizer_dir(cfg: FlywheelConfig, run_dir: Path) -> Path:
-    """Where the run's tokenizer lives: `tokenizer.path`, the imported model's, or the one trained for the run."""
+    """Where the run's tokenizer lives: `tokenizer.path`, the imported model's, the one saved with `model.path`, or
+    the one trained for the run. A base policy (`model.path`) never gets a freshly trained tokenizer: its token ids
+    would not be the ones it was trained on."""
     if cfg.tokenizer.path:
         return Path(cfg.tokenizer.path)
-    return run_dir / ("pretrained" if cfg.model.import_from else "tokenizer")
+    if cfg.model.import_from:
+        return run_dir / "pretrained"
+    if cfg.model.path:
+        if not (Path(cfg.model.path) / "tokenizer.json").is_file():
+            raise UserError(f"model.path {cfg.model.path} has no tokenizer (tokenizer.json); set tokenizer.path to "
+                            f"the tokenizer it was trained with (e.g. the run's <run_dir>/tokenizer)")
+        return Path(cfg.model.path)
+    return run_dir / "tokenizer"
 
 
 def prepare_tokenizer(cfg: FlywheelConfig, run_dir: Path, tasks: list[Task], pretrained: Path | None = None):
-    """Load `tokenizer.path` or the pretrained model's, or train one on the default corpus plus task texts
-    (cached in run_dir)."""
-    if cfg.tokenizer.path or pretrained is not None:
+    """Load `tokenizer.path`, the pretrained model's or the base policy's, or train one on the default corpus plus
+    task texts (cached in run_dir)."""
+    if cfg.tokenizer.path or pretrained is not None or cfg.model.path:
         return load_tokenizer(tokenizer_dir(cfg, run_dir))
     out = run_dir / "tokenizer"
     if (out / "tokenizer.json").exists():
