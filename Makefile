@@ -46,8 +46,13 @@ $(RUNTIME): pyproject.toml Makefile
 # for tasks with a database service (sandbox/services.py starts its own server per session; the cluster the
 # package creates is not used) and for the online event log's PostgreSQL test (tests/integration/test_online_postgres.py,
 # which starts its own cluster in a temporary directory).
+# The peers' own code that tests/unit/test_peer_objectives.py checks the losses and advantages against (verl's
+# core_algos, TRL's GRPOTrainer._compute_loss), pinned, into $(VENV)/peers without their dependencies: verl pins
+# transformers below ours, and the functions tested need only torch and these few light modules (34 MB, ~5 s).
+PEERS := verl==0.9.1 trl==1.16.0 tensordict==0.15.3 pyvers==0.2.3 omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0
 $(STAMP): $(RUNTIME)
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/peers $(PEERS)
 	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: chromium not installed; the dashboard's browser tests (-m browser) need it: apt-get install chromium")

@@ -1,4 +1,4 @@
-"""GRPO and Dr.GRPO advantages against hand-computed values."""
+"""GRPO, Dr.GRPO, RLOO and REINFORCE++ advantages against hand-computed values."""
 
 import math
 
@@ -53,3 +53,29 @@ def test_weight_negatives_scales_only_the_negative_advantages():
     assert torch.equal(weight_negatives(adv, 1.0), adv)
     with pytest.raises(ValueError, match="negative_weight"):
         weight_negatives(adv, -1.0)
+
+
+def test_rloo_subtracts_the_mean_of_the_others():
+    # group a = [1, 0, 1, 0]: others' mean of a 1 is 1/3 -> 2/3, of a 0 is 2/3 -> -2/3; a singleton gets 0
+    adv = compute_advantages([1.0, 0.0, 1.0, 0.0, 5.0], ["a", "a", "a", "a", "s"], "rloo")
+    assert adv.tolist() == pytest.approx([2 / 3, -2 / 3, 2 / 3, -2 / 3, 0.0], abs=1e-6)
+
+
+def test_reinforce_pp_whitens_over_loss_tokens():
+    # unweighted: mean 0.5, unbiased var (4 * 0.25) / 3 -> +-0.5 / sqrt(1/3)
+    adv = compute_advantages([1.0, 0.0, 0.0, 1.0], ["a", "b", "c", "d"], "reinforce_pp")
+    h = 0.5 * math.sqrt(3)
+    assert adv.tolist() == pytest.approx([h, -h, -h, h], abs=1e-5)
+    # token weights [1, 1, 2, 0]: mean 1/4, var (0.5625 + 0.0625 + 2 * 0.0625) / (4 - 1) = 0.25; weight 0 -> 0
+    adv = compute_advantages([1.0, 0.0, 0.0, 1.0], ["a", "b", "c", "d"], "reinforce_pp", num_tokens=[1, 1, 2, 0])
+    assert adv.tolist() == pytest.approx([1.5, -0.5, -0.5, 0.0], abs=1e-5)
+    assert compute_advantages([3.0], ["a"], "reinforce_pp").tolist() == [0.0]  # one trajectory: no spread
+    with pytest.raises(ValueError, match="num_tokens"):
+        compute_advantages([1.0, 0.0], ["a", "b"], "reinforce_pp", num_tokens=[1])
+
+
+def test_reinforce_pp_baseline_centres_per_group_then_whitens():
+    # centred [0.5, -0.5, 1, -1] (the singleton c stays 0 and out of the statistics): mean 0, var 2.5 / 3
+    adv = compute_advantages([1.0, 0.0, 3.0, 1.0, 5.0], ["a", "a", "b", "b", "c"], "reinforce_pp_baseline")
+    sd = math.sqrt(2.5 / 3)
+    assert adv.tolist() == pytest.approx([0.5 / sd, -0.5 / sd, 1 / sd, -1 / sd, 0.0], abs=1e-5)

@@ -13,11 +13,16 @@ import torch
 from flywheel.config import TrainerConfig
 from flywheel.trainer.losses import (
     aggregation_weights,
+    cispo_token_loss,
     correction_weights,
+    dual_clip_token_loss,
+    gspo_token_loss,
     kl_k3,
+    kl_k3_clamped,
     loss_options,
     policy_loss,
     ppo_token_loss,
+    sapo_token_loss,
 )
 from flywheel.trainer.mismatch import mismatch_metrics
 
@@ -186,3 +191,75 @@ def test_mismatch_metrics_hand_computed():
     assert m2["seq_log_ratio_mean"] == pytest.approx(math.log(12), abs=1e-6)
     assert m2["frac_outside_0.2_5"] == 0.0 and m2["frac_outside_0.5_2"] == 1.0
     assert mismatch_metrics(old, sampler, torch.zeros(2, 3))["k3"] == 0.0
+
+
+# ---------------------------------------------------------------- the other surrogates (trainer.loss), same setup
+
+
+def test_dual_clip_bounds_negative_advantage_losses():
+    logprobs, old, _, adv = setup()
+    # row 1 (A = -1): PPO losses [1.5, 0.8, 1.0]; with clip_ratio_c = 1.2 the 1.5 is cut to 1.2 (no gradient)
+    loss, clipped = dual_clip_token_loss(logprobs, old, adv, 0.2, 0.2, clip_ratio_c=1.2)
+    assert close(loss, [[-1.2, -0.5, -1.0], [1.2, 0.8, 1.0]], 1e-6)
+    assert clipped.tolist() == [[True, False, False], [True, True, False]]
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        dual_clip_token_loss(logprobs, old, adv, clip_ratio_c=1.0)
+
+
+def test_cispo_weights_the_log_prob_with_the_clipped_ratio_without_its_gradient():
+    logprobs, old, _, adv = setup()
+    loss, clipped = cispo_token_loss(logprobs, old, adv, 0.2, 0.2)
+    w = [1.2, 0.8, 1.0]  # clip([1.5, 0.5, 1.0], 0.8, 1.2)
+    lp = [math.log(r) for r in RATIOS[0]]
+    assert close(loss, [[-wi * x for wi, x in zip(w, lp)], [wi * x for wi, x in zip(w, lp)]], 1e-6)
+    assert clipped.tolist() == [[True, True, False]] * 2
+    loss.sum().backward()
+    assert close(logprobs.grad, [[-1.2, -0.8, -1.0], [1.2, 0.8, 1.0]], 1e-6)  # -w A: no token loses its gradient
+
+
+def test_sapo_gate_value_and_slope():
+    logprobs, old, _, adv = setup()
+    loss, _ = sapo_token_loss(logprobs, old, adv, tau_pos=1.0, tau_neg=2.0)
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    gate = lambda r, tau: 4 / tau * sig(tau * (r - 1))  # noqa: E731
+    assert close(loss, [[-gate(r, 1.0) for r in RATIOS[0]], [gate(r, 2.0) for r in RATIOS[0]]], 1e-6)
+    loss.sum().backward()  # d/dlogp = -A * 4 sig (1 - sig) * r: at r = 1 exactly the policy gradient -A
+    slope = lambda r, tau: 4 * sig(tau * (r - 1)) * (1 - sig(tau * (r - 1))) * r  # noqa: E731
+    assert close(logprobs.grad, [[-slope(r, 1.0) for r in RATIOS[0]], [slope(r, 2.0) for r in RATIOS[0]]], 1e-6)
+    assert logprobs.grad[0, 2].item() == pytest.approx(-1.0)
+
+
+def test_gspo_uses_the_geometric_mean_ratio_of_each_sequence():
+    logprobs, old, _, adv = setup()
+    s = 0.75 ** (1 / 3)  # (1.5 * 0.5 * 1.0) ** (1/3), inside [0.8, 1.2]
+    for token_level in (False, True):
+        lp = logprobs.detach().clone().requires_grad_(True)
+        loss, clipped = gspo_token_loss(lp, old, adv, torch.ones(2, 3), 0.2, 0.2, token_level=token_level)
+        assert close(loss, [[-s] * 3, [s] * 3], 1e-6) and not clipped.any()
+        (loss.sum(-1) / 3).sum().backward()  # seq_mean over one-row sequences
+        assert close(lp.grad, [[-s / 3] * 3, [s / 3] * 3], 1e-6)  # both forms: the same gradient
+    # two rows of one sequence share one ratio: (0.75 * 0.75) ** (1/6) = 0.75 ** (1/3)
+    loss, clipped = gspo_token_loss(logprobs, old, torch.tensor([-1.0, -1.0]), torch.ones(2, 3), seq_ids=[7, 7])
+    assert close(loss, [[1 - 3e-4] * 3] * 2, 1e-6) and clipped.all()  # A < 0: s = 0.9086 clipped to 1 - 3e-4
+    with pytest.raises(ValueError, match="one advantage per row"):
+        gspo_token_loss(logprobs, old, torch.tensor([[1.0, -1.0, 1.0]] * 2), torch.ones(2, 3))
+
+
+def test_k3_clamped_and_policy_loss_dispatch():
+    lp = torch.zeros(1, 3)
+    ref = torch.tensor([[30.0, -30.0, 0.5]])
+    # d = 30 -> 20 -> exp(20) - 21 -> 10; d = -30 -> -20 -> exp(-20) + 19 -> 10; d = 0.5 untouched
+    assert close(kl_k3_clamped(lp, ref), [[10.0, 10.0, math.exp(0.5) - 1.5]], 1e-5)
+    assert kl_k3(lp, ref)[0, 1].item() == pytest.approx(29.0)
+    logprobs, old, sampler, adv = setup()
+    ppo, _ = policy_loss(logprobs, old, sampler, adv, torch.ones(2, 3), correction="none", clip_eps_low=0.2,
+                         clip_eps_high=0.2, loss="ppo")
+    dual, _ = policy_loss(logprobs, old, sampler, adv, torch.ones(2, 3), correction="none", clip_eps_low=0.2,
+                          clip_eps_high=0.2, loss="dual_clip", clip_ratio_c=1.2)
+    assert dual.item() == pytest.approx(ppo.item() - 0.3 / 6, abs=1e-6)
+    with pytest.raises(ValueError, match="unknown policy loss"):
+        policy_loss(logprobs, old, sampler, adv, torch.ones(2, 3), loss="ppo2")
+    with pytest.raises(ValueError, match="unknown KL estimator"):
+        policy_loss(logprobs, old, sampler, adv, torch.ones(2, 3), kl_estimator="k2")
+    opts = loss_options(TrainerConfig(loss="sapo", sapo_tau_neg=2.0, kl_estimator="k3_clamp"))
+    assert opts["loss"] == "sapo" and opts["sapo_tau_neg"] == 2.0 and opts["kl_estimator"] == "k3_clamp"

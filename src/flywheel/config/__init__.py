@@ -241,19 +241,38 @@ class TrainerConfig(Section):
                                "the same trajectories, the clip bounding the move from the batch's old log-probs; "
                                "one published weight version per batch")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training compute dtype")
-    advantage: Literal["grpo", "drgrpo", "given"] = Field(
-        "grpo", description="advantage estimator: group-relative (grpo, drgrpo), or 'given' (the reward is the "
-                            "advantage; the online learner subtracts its own running baseline)")
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "given"] = Field(
+        "grpo", description="advantage estimator: group-relative (grpo, drgrpo, rloo: leave-one-out baseline), "
+                            "REINFORCE++ (reinforce_pp: rewards whitened over the batch's loss tokens; "
+                            "reinforce_pp_baseline: group mean subtracted, then whitened), or 'given' (the reward is "
+                            "the advantage; the online learner subtracts its own running baseline); "
+                            "trainer/advantages.py")
     negative_weight: float = Field(1.0, ge=0, le=1, description="scale of negative advantages (1 = as published, "
                                    "0 = only sessions that beat their group; see trainer/advantages.py)")
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO clip below 1")
     clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip above 1 (clip-higher)")
+    loss: Literal["ppo", "dual_clip", "gspo", "gspo_token", "cispo", "sapo"] = Field(
+        "ppo", description="policy-gradient surrogate per token (trainer/losses.py): ppo (clipped ratio), dual_clip "
+                           "(ppo, negative advantages bounded by clip_ratio_c), gspo / gspo_token (sequence-level "
+                           "ratio, clip gspo_clip_eps_*), cispo (clipped IS weight without gradient times log-prob, "
+                           "clip_eps_*), sapo (sigmoid-gated ratio, sapo_tau_*)")
+    clip_ratio_c: float = Field(3.0, gt=1, le=100, description="dual_clip: a negative-advantage token's loss is at "
+                                "most clip_ratio_c * |A| (verl's default 3)")
+    gspo_clip_eps_low: float = Field(3e-4, ge=0, le=1, description="gspo/gspo_token: clip of the sequence ratio "
+                                     "below 1 (the GSPO paper's 3e-4)")
+    gspo_clip_eps_high: float = Field(4e-4, ge=0, le=10, description="gspo/gspo_token: clip of the sequence ratio "
+                                      "above 1 (the GSPO paper's 4e-4)")
+    sapo_tau_pos: float = Field(1.0, gt=0, le=100, description="sapo: gate temperature of tokens with A > 0")
+    sapo_tau_neg: float = Field(1.05, gt=0, le=100, description="sapo: gate temperature of tokens with A <= 0")
     correction: Literal["none", "tis", "tis_seq", "mis", "icepop"] = Field(
         "tis", description="off-policy correction against sampler log-probs")
     tis_cap: float = Field(2.0, gt=0, description="truncation cap C for importance weights")
     icepop_alpha: float = Field(0.5, gt=0, le=1, description="IcePop: mask tokens with ratio below this")
     icepop_beta: float = Field(2.0, ge=1, description="IcePop: mask tokens with ratio above this")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL to the reference policy; 0 = off")
+    kl_estimator: Literal["k3", "k3_clamp"] = Field(
+        "k3", description="KL estimator per token: k3 (Schulman), or k3_clamp (verl's low_var_kl: log-ratio clamped "
+                          "to [-20, 20], the estimate to [-10, 10])")
     aggregation: Literal["token_mean", "seq_mean", "token_sum"] = Field(
         "token_mean", description="loss aggregation; 'token_sum' divides by a constant (Dr.GRPO, see norm_tokens)")
     norm_tokens: int = Field(1024, ge=1, description="constant divisor per sequence for aggregation 'token_sum' (tokens)")

@@ -8,9 +8,10 @@
 
 A step (algorithm-blind; the algorithm lives in advantages.py and losses.py):
 
-1. Advantages per trajectory (GRPO / Dr.GRPO over `group_id`); every segment of a trajectory is a row
-   sharing its advantage. Trajectories without a reward, broken outside the policy (`env_failure`) or
-   malformed are skipped and counted (`num_skipped`), never fatal.
+1. Advantages per trajectory (`trainer.advantage`: GRPO, Dr.GRPO, RLOO over `group_id`, REINFORCE++ over the
+   batch's loss tokens); every segment of a trajectory is a row sharing its advantage. Trajectories without a
+   reward, broken outside the policy (`env_failure`) or malformed are skipped and counted (`num_skipped`), never
+   fatal. The surrogate per token is `trainer.loss` (PPO, dual-clip, GSPO, CISPO, SAPO; losses.py).
 2. Rows are packed into micro-batches whose padded size stays within `micro_batch_tokens` (longest
    first, so padding is small; a row longer than the budget gets a micro-batch of its own). With
    `trainer.pack_sequences` a micro-batch is instead one sequence of concatenated rows (packing.py).
@@ -67,7 +68,7 @@ from flywheel.trainer import checkpoint as ckpt
 from flywheel.trainer import sharded_checkpoint as sckpt
 from flywheel.trainer.advantages import compute_advantages, weight_negatives
 from flywheel.trainer.distributed import RankGroup, assign_micro_batches, local_state_bytes, loss_scale, register_batch_invariant
-from flywheel.trainer.losses import aggregation_weights, correction_weights, policy_loss
+from flywheel.trainer.losses import aggregation_weights, correction_weights, objective_options, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.trainer.packing import pack_by_tokens, packed_layout
 from flywheel.trainer.replay import moe_routers, router_replay
@@ -280,7 +281,8 @@ class Trainer:
         FSDP forward and backward is a collective, so all ranks must run as many."""
         return self._collate([Row(0, [self.pad_token_id] * 2, [0], [0.0], None)])
 
-    def _update(self, groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv) -> tuple[dict[str, float], float]:
+    def _update(self, groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv,
+                seq_ids) -> tuple[dict[str, float], float]:
         """One optimizer step: forward/backward per micro-batch (gradients accumulate), clip, step. `groups` and
         `micro` are this rank's; a None group is a filler."""
         self.model.train()
@@ -294,10 +296,9 @@ class Trainer:
             tt = lp.shape[1]
             dev = lambda x, g=g, tt=tt: x[g, :tt].to(self.device)  # noqa: E731
             loss, m = policy_loss(
-                lp, dev(old), dev(sampler), row_adv[g].to(self.device), dev(mask),
-                clip_eps_low=self.cfg.clip_eps_low, clip_eps_high=self.cfg.clip_eps_high,
+                lp, dev(old), dev(sampler), row_adv[g].to(self.device), dev(mask), **objective_options(self.cfg),
                 ref_logprobs=dev(ref) if ref is not None else None, kl_coef=self.cfg.kl_coef,
-                is_weights=dev(is_w), row_weights=row_w[g].to(self.device))
+                is_weights=dev(is_w), row_weights=row_w[g].to(self.device), seq_ids=seq_ids[g])
             (loss * loss_scale(self.group)).backward()  # FSDP averages over ranks; the loss needs their sum
             n = m["num_tokens"]
             sums["loss"] += m["loss"]
@@ -339,7 +340,10 @@ class Trainer:
         if not rows:
             return {"step_skipped": 1.0, "num_skipped": float(num_skipped), "version": float(self.version)}
         rewards = [t.graded.value for t in good]
-        advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage)
+        traj_loss_tokens = [0] * len(good)  # loss tokens per trajectory: the REINFORCE++ statistics weigh them
+        for r in rows:
+            traj_loss_tokens[r.seq] += sum(r.mask)
+        advantages = compute_advantages(rewards, [t.group_id for t in good], self.cfg.advantage, traj_loss_tokens)
         advantages = weight_negatives(advantages, self.cfg.negative_weight)
         lengths = [len(r.input_ids) for r in rows]
         pack = pack_by_tokens if self.cfg.pack_sequences else pack_micro_batches
@@ -408,7 +412,7 @@ class Trainer:
                                    self.cfg.warmup_steps * self.cfg.update_epochs)
             for group in self.optimizer.param_groups:
                 group["lr"] = self.cfg.lr * factor
-            sums, grad_norm = self._update(groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv)
+            sums, grad_norm = self._update(groups, micro, old, sampler, mask, ref, is_w, row_w, row_adv, seq_ids)
         self.version += 1
 
         num_loss_tokens = max(int(mask.sum()), 1)
