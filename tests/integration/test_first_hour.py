@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -134,9 +135,11 @@ def test_ordinary_mistakes_are_one_line_naming_what_to_change(run_dir, tmp_path,
         (["dashboard", str(run_dir.parent), "--port", str(listener)], ["in use", "--port"]),
         (["env-server", "--port", str(listener)], ["in use", "--port"]),
     ]
-    for argv, needles in cases:
-        refused(flywheel(*argv, cwd=tmp_path, env={"FLYWHEEL_ENV_TOKEN": "a-long-enough-token",
-                                                   "HF_HUB_CACHE": str(tmp_path / "hf")}), *needles)
+    env = {"FLYWHEEL_ENV_TOKEN": "a-long-enough-token", "HF_HUB_CACHE": str(tmp_path / "hf")}
+    with ThreadPoolExecutor(3) as pool:  # each is a fresh interpreter importing torch: a few seconds of one core
+        results = list(pool.map(lambda case: flywheel(*case[0], cwd=tmp_path, env=env), cases))
+    for (_, needles), res in zip(cases, results):
+        refused(res, *needles)
     assert not (tmp_path / "typo.db").exists()
     assert not (tmp_path / "clash" / "online.db").exists()  # no key stored that the failed start could not show
     assert not (tmp_path / "r").exists()  # the typo was found before any stage ran
