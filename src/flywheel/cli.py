@@ -98,6 +98,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType], dict
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, ModuleType] = {}
     parsers: dict[str, argparse.ArgumentParser] = {}
+    top, sections = config_keys()
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
@@ -109,7 +110,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType], dict
                        help="print the traceback of an unexpected error (also FLYWHEEL_DEBUG=1)")
         mod.add_arguments(p)
         if getattr(mod, "ACCEPTS_OVERRIDES", False):
-            top, sections = config_keys()
             own = {o.lstrip("-") for o in option_names(p)}
             p.epilog = OVERRIDES_HELP.format(keys=", ".join(sorted(sections) + sorted(top - own)))
         modules[name], parsers[name] = mod, p

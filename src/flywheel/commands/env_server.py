@@ -57,11 +57,8 @@ def run(args: argparse.Namespace) -> int:
     tasks = None
     if args.tasks:
         load = load_tasks(args.tasks)
-        if load.errors and not args.skip_broken:
-            first = "; ".join(f"line {e.line} ({e.task_id or '?'}): {e.reason}" for e in load.errors[:3])
-            raise UserError(f"{len(load.errors)} broken task(s) in '{args.tasks}': {first}. Fix them (`flywheel "
-                            f"tasks check {args.tasks}` explains each), or pass --skip-broken to serve the "
-                            f"{len(load.tasks)} usable ones")
+        if not args.skip_broken:
+            load.refuse_broken(args.tasks, "serve")
         for e in load.errors:
             print(f"flywheel env-server: skipping broken task {e}", file=sys.stderr)
         tasks = {t.id: t for t in load.tasks}

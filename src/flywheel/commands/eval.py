@@ -50,14 +50,10 @@ def run(args: argparse.Namespace) -> int:
         overrides += ["--eval.temperature", str(args.temperature)]
     cfg = load_config(args.config or args.config_opt, overrides)
     loaded = load_tasks(args.tasks)
+    if not args.skip_broken:
+        loaded.refuse_broken(args.tasks, "evaluate")
     if loaded.errors:
-        lines = "; ".join(f"line {e.line} ({e.task_id or '?'}): {e.reason}" for e in loaded.errors[:3])
-        more = f" and {len(loaded.errors) - 3} more" if len(loaded.errors) > 3 else ""
-        if not args.skip_broken:
-            raise UserError(f"{len(loaded.errors)} broken task(s) in '{args.tasks}': {lines}{more}. Fix them (`flywheel "
-                            f"tasks check {args.tasks}` explains each), or pass --skip-broken to evaluate the "
-                            f"{len(loaded.tasks)} usable ones")
-        print(f"flywheel eval: skipping {len(loaded.errors)} broken task(s): {lines}{more}", file=sys.stderr)
+        print(f"flywheel eval: skipping {len(loaded.errors)} broken task(s): {loaded.broken_summary()}", file=sys.stderr)
     tasks = loaded.tasks[: args.limit or None]
     if not tasks:
         raise UserError(f"no usable task in '{args.tasks}'")

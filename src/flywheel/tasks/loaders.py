@@ -74,6 +74,19 @@ class TaskLoad:
     tasks: list[Task] = field(default_factory=list)
     errors: list[TaskLoadError] = field(default_factory=list)
 
+    def broken_summary(self, shown: int = 3) -> str:
+        """The first broken lines, `line N (id): reason; ...`, and how many more there are."""
+        first = "; ".join(f"line {e.line} ({e.task_id or '?'}): {e.reason}" for e in self.errors[:shown])
+        return first + (f" and {len(self.errors) - shown} more" if len(self.errors) > shown else "")
+
+    def refuse_broken(self, path: str | Path, use: str) -> None:
+        """A UserError when the file has broken lines: the command would `use` only part of what the user meant
+        (`use`: "evaluate", "serve"); --skip-broken is the way to say that is fine."""
+        if self.errors:
+            raise UserError(f"{len(self.errors)} broken task(s) in '{path}': {self.broken_summary()}. Fix them "
+                            f"(`flywheel tasks check {path}` explains each), or pass --skip-broken to {use} the "
+                            f"{len(self.tasks)} usable ones")
+
 
 class BrokenTask(ValueError):
     """One task cannot be used; the loader records it and goes on."""
