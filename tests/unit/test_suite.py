@@ -106,6 +106,12 @@ def test_runs_pytest():
     assert not suite.runs_pytest("python runtests.py -q") and not suite.runs_pytest("'") and not suite.runs_pytest("")
 
 
+@pytest.fixture(params=[True, False], ids=["forked", "separate"])
+def suite_fork(request) -> bool:
+    """Both ways of running the suite verdict's runs: forked from one interpreter, and one sandbox each."""
+    return request.param
+
+
 def _graded(tmp_path: Path, task: Task, calc: str, **cfg) -> object:
     ws = tmp_path / "ws"
     shutil.rmtree(ws, ignore_errors=True)
@@ -122,15 +128,16 @@ FORGE = ('import sys\n_out = [a.split("=", 1)[1] for a in sys.argv if a.startswi
          '    import os as _o\n    getattr(_o, "_" + "exit")(0)\n')
 
 
-def test_the_verdict_on_real_runs(tmp_path):
+def test_the_verdict_on_real_runs(tmp_path, suite_fork):
     task = _task()
-    fixed = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n")
+    fixed = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
     assert fixed.value == 1.0 and not fixed.flags and fixed.components == {"suite_verdict": 1.0, "twins": 1.0,
                                                                            "tests": 1.0, "penalty": 0}
-    buggy = _graded(tmp_path, task, task.files["calc.py"])
+    buggy = _graded(tmp_path, task, task.files["calc.py"], suite_fork=suite_fork)
     assert buggy.value == 0.0 and buggy.tests == {"tests/test_calc.py::test_area": "failed",
                                                   "tests/test_calc.py::test_zero": "passed"}
-    forged = _graded(tmp_path, task, FORGE + task.files["calc.py"])  # report and exit status of its own choosing
+    # a report and an exit status of its own choosing
+    forged = _graded(tmp_path, task, FORGE + task.files["calc.py"], suite_fork=suite_fork)
     assert forged.value < 0 and forged.flags == ["verdict_forged"] and forged.components["tests"] == 0.0
     assert forged.notes == ["tests/test_calc.py::test_area: passed with one expected value changed (its twin run); "
                             "in the real run it passed"]
@@ -138,20 +145,20 @@ def test_the_verdict_on_real_runs(tmp_path):
     assert off.components["in_process_verdict"] == 1.0 and "suite_verdict" not in off.components
 
 
-def test_a_wrong_answer_equal_to_the_twin_is_flagged(tmp_path):
+def test_a_wrong_answer_equal_to_the_twin_is_flagged(tmp_path, suite_fork):
     """The flag does not wait for the real test to pass (envs/suite.py says why); a fixed seed shows the case."""
     task = _task()
     seed = next(s for s in range(100) if "== 900" in twins.twin_source(
         task.hidden_files["tests/test_calc.py"], (), "test_area", random.Random(f"{s} {task.id}")))
-    r = _graded(tmp_path, task, "def area(w, h):\n    return 900\n", twin_seed=seed)
+    r = _graded(tmp_path, task, "def area(w, h):\n    return 900\n", twin_seed=seed, suite_fork=suite_fork)
     assert r.flags == ["verdict_forged"] and r.tests["tests/test_calc.py::test_area"] == "failed"
     assert r.notes == ["tests/test_calc.py::test_area: passed with one expected value changed (its twin run); in the "
                        "real run it failed"]
 
 
-def test_a_test_without_a_twin_is_counted(tmp_path):
+def test_a_test_without_a_twin_is_counted(tmp_path, suite_fork):
     task = _task()
     task.hidden_files["tests/test_calc.py"] = task.hidden_files["tests/test_calc.py"].replace(
         "assert area(20, 30) == 600", "expected = 600\n    assert area(20, 30) == expected")
-    r = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n")
+    r = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
     assert r.value == 1.0 and r.components["untwinned"] == 1.0

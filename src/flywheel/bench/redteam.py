@@ -14,7 +14,9 @@
   (`grade(..., integrity=False)`: all tests in one interpreter with no guard, canaries, static checks, twins or
   removal of shadowing files), the two interleaved, three times each after a warm-up, the same timer;
   `grade_overhead` is the ratio of the summed per-case medians, `grade_overhead_data` and `grade_overhead_suite`
-  the same over the cases each verdict graded. Grade cache off throughout.
+  the same over the cases each verdict graded. The suite verdict's cases are also graded with its runs in a
+  sandbox each (`env.suite_fork = false`; `grade_overhead_suite_separate`) instead of forked from one
+  interpreter (sandbox/forked.py). Grade cache off throughout.
 
 The same cases are the red-team test suite (tests/redteam/), which must pass in CI.
 """
@@ -104,6 +106,8 @@ def run(args) -> dict:
         "grade_ms_p50_suite": overhead["suite"]["p50_ms_on"],
         "grade_ms_p50_one_interpreter_of_the_same_cases": overhead["suite"]["p50_ms_off"],
         "grade_overhead_suite": overhead["suite"]["ratio"],
+        "grade_ms_p50_suite_separate": overhead["suite_separate"]["p50_ms_on"],
+        "grade_overhead_suite_separate": overhead["suite_separate"]["ratio"],
     }
     return {
         "summary": summary,
@@ -122,20 +126,27 @@ def _overhead(played: list[Played], cfg: EnvConfig) -> dict:
     for p in played[:3]:
         regrade(p, cfg, integrity=True)
         regrade(p, cfg, integrity=False)
-    on, off = [], []
+    separate = cfg.model_copy(update={"suite_fork": False})  # the suite verdict with one sandbox per run
+    on, off, sep = [], [], {}
     for i, p in enumerate(played):
-        times: dict[bool, list[float]] = {True: [], False: []}
+        is_suite = bool(p.reward.components.get("suite_verdict"))
+        times: dict[str, list[float]] = {"on": [], "off": [], "separate": []}
         for r in range(REPEATS):
-            for flag in ((True, False) if (i + r) % 2 == 0 else (False, True)):
-                times[flag].append(regrade(p, cfg, integrity=flag)[1])
-        on.append(statistics.median(times[True]))
-        off.append(statistics.median(times[False]))
+            arms = ["on", "off", "separate"] if is_suite else ["on", "off"]
+            for arm in (arms if (i + r) % 2 == 0 else arms[::-1]):
+                times[arm].append(regrade(p, separate if arm == "separate" else cfg, integrity=arm != "off")[1])
+        on.append(statistics.median(times["on"]))
+        off.append(statistics.median(times["off"]))
+        if is_suite:
+            sep[i] = statistics.median(times["separate"])
     data = [i for i, p in enumerate(played) if p.reward.components.get("data_verdict")]
     suite = [i for i, p in enumerate(played) if p.reward.components.get("suite_verdict")]
     return {**_ratios(on, off), "num_cases": len(played),
             # each verdict's cases alone, against the in-process runner with no defences on the same workspaces
             "data": {**_ratios([on[i] for i in data], [off[i] for i in data]), "num_cases": len(data)},
-            "suite": {**_ratios([on[i] for i in suite], [off[i] for i in suite]), "num_cases": len(suite)}}
+            "suite": {**_ratios([on[i] for i in suite], [off[i] for i in suite]), "num_cases": len(suite)},
+            # the suite verdict's runs each in a sandbox of their own (env.suite_fork = false), the same cases
+            "suite_separate": {**_ratios([sep[i] for i in suite], [off[i] for i in suite]), "num_cases": len(suite)}}
 
 
 def _ratios(on: list[float], off: list[float]) -> dict:

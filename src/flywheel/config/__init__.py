@@ -129,8 +129,11 @@ class EnvConfig(Section):
                                 "run, then twin runs with one FAIL_TO_PASS expected value changed, which a correct "
                                 "fix must fail); false = all tests in one guarded interpreter, whose verdict the "
                                 "code under test can reach (rewards carry `in_process_verdict`)")
-    grade_parallel: int = Field(2, ge=1, le=256, description="sandboxes one grading by the suite verdict runs at "
-                                "once (envs/suite.py: the real run and each twin run in their own)")
+    grade_parallel: int = Field(2, ge=1, le=256, description="runs one grading by the suite verdict runs at once "
+                                "(envs/suite.py: the real run and each twin run)")
+    suite_fork: bool = Field(True, description="fork the suite verdict's runs from one interpreter that imported "
+                             "pytest once, each into namespaces and a uid of its own (sandbox/forked.py; needs bwrap "
+                             "as root, else one sandbox per run); false = one sandbox and interpreter per run")
     max_twins: int = Field(3, ge=1, le=1024, description="FAIL_TO_PASS tests per grading that get a twin run (one "
                            "expected literal changed; drawn at grading time from those that have one)")
     twin_seed: int | None = Field(None, description="seed of the twin tests' choices (envs/twins.py); None = fresh "

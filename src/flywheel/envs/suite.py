@@ -34,6 +34,7 @@ Tests: tests/unit/test_suite.py, tests/redteam/.
 
 from __future__ import annotations
 
+import logging
 import random
 import shlex
 import uuid
@@ -44,10 +45,12 @@ from pathlib import Path, PurePosixPath
 from flywheel.config import EnvConfig
 from flywheel.envs import twins
 from flywheel.envs.junit import junit_key, parse_junit
-from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
+from flywheel.sandbox.forked import ForkedRun, forked_available, overwrite, run_forked
+from flywheel.sandbox.sandbox import BWRAP_WORKSPACE, SandboxLimits, create_sandbox
 from flywheel.tasks.loaders import file_of_test, node_parts, original_file
 from flywheel.types import Task
 
+log = logging.getLogger(__name__)
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # every grading run (reward.py imports it)
 # pytest's config files in the order it tries them in each directory, and the section each must hold to count
 CONFIG_FILES = (("pytest.ini", None), (".pytest.ini", None), ("pyproject.toml", "[tool.pytest"),
@@ -106,26 +109,48 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
         path, classes, name = node_parts(tid)
         if path not in sources:
             try:
-                sources[path] = (base / path).read_text(encoding="utf-8")
+                sources[path] = (base / path).read_bytes().decode("utf-8")  # as it is: no newline translation
             except (OSError, UnicodeDecodeError):
                 sources[path] = ""
         twin = twins.twin_source(sources[path], tuple(classes), name, rng) if sources[path] else None
         if twin is not None:
             twinned.append((tid, path, twin))
     chosen = rng.sample(twinned, min(max_twins, len(twinned)))
-    runs = [Run(ids)] + [Run(ids, {path: twin}, tid) for tid, path, twin in chosen]
+    # Every run writes the same files (the originals, or a twin in its own run): a rewritten file differs from an
+    # untouched one in ways a run can see (its inode, its layer), so no run may be the only one to rewrite it.
+    same = {path: sources[path] for _, path, _ in chosen}
+    runs = [Run(ids, dict(same))] + [Run(ids, {**same, path: twin}, tid) for tid, path, twin in chosen]
     if not together:
-        runs.append(Run(p2p))
+        runs.append(Run(p2p, dict(same)))
     return runs, len(f2p) - len(twinned)
+
+
+def runner_args(task: Task, run: Run, inner_workspace: str, junit: str) -> list[str]:
+    """The grader's runner configuration and selection, after the task's own command: exactly `run.ids`."""
+    config = runner_config(task, [file_of_test(t) for t in run.ids])
+    ini = f"{inner_workspace}/{config}" if config else "/dev/null"
+    return ["-p", "no:cacheprovider", "-c", ini, f"--rootdir={inner_workspace}", f"--junitxml={junit}", *run.ids]
 
 
 def command_of(task: Task, run: Run, inner_workspace: str, junit: str) -> str:
     """The task's test command under the grader's runner configuration, selecting exactly `run.ids`."""
-    config = runner_config(task, [file_of_test(t) for t in run.ids])
-    ini = f"{inner_workspace}/{config}" if config else "/dev/null"
-    ids = " ".join(shlex.quote(t) for t in run.ids)
-    return (f"{task.test_command} -p no:cacheprovider -c {shlex.quote(ini)} --rootdir={shlex.quote(inner_workspace)}"
-            f" --junitxml={junit} {ids}")
+    return " ".join([task.test_command, *(shlex.quote(a) for a in runner_args(task, run, inner_workspace, junit))])
+
+
+def forked_form(command: str) -> tuple[str, list[str]] | None:
+    """("module" | "console", the command's own arguments) where the forked runs can reproduce the task's command
+    exactly (`python -m pytest ARGS`, `pytest ARGS`, the interpreter and script found on PATH), else None."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if not argv or "/" in argv[0]:
+        return None
+    if argv[0] in ("pytest", "py.test"):
+        return "console", argv[1:]
+    if argv[0] in ("python", "python3") and argv[1:3] == ["-m", "pytest"]:
+        return "module", argv[3:]
+    return None
 
 
 def _one(task: Task, run: Run, base: Path, cfg: EnvConfig, kind: str, env_dir: Path | None,
@@ -134,9 +159,7 @@ def _one(task: Task, run: Run, base: Path, cfg: EnvConfig, kind: str, env_dir: P
     junit = f".fw-junit-{uuid.uuid4().hex}.xml"
     with create_sandbox(base, SandboxLimits.for_grading(cfg), kind=kind, python_env=env_dir) as sb:
         workspace = Path(sb.workspace)
-        for rel, text in run.files.items():  # the tree is the grader's restored copy: no link of the agent's on the way
-            (workspace / rel).unlink(missing_ok=True)
-            (workspace / rel).write_text(text, encoding="utf-8")
+        overwrite(workspace, base, run.files)  # the grader's restored copy: no link of the agent's on the way
         res = sb.run(command_of(task, run, sb.inner_workspace, junit), timeout_s=cfg.grade_timeout_s, env=PYTEST_ENV)
         xml = workspace / junit
         report: dict[tuple[str, str], str] = {}
@@ -150,6 +173,44 @@ def _one(task: Task, run: Run, base: Path, cfg: EnvConfig, kind: str, env_dir: P
     return {tid: report.get(junit_key(tid), "missing") for tid in run.ids}, False
 
 
+def _separate(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, kind: str, env_dir: Path | None,
+              ) -> list[tuple[dict[str, str], bool]]:
+    """Each run in a sandbox of its own, started in a random order (uids and workspaces are handed out in the
+    order sandboxes start, and the real run is first in `runs`)."""
+    order = list(range(len(runs)))
+    random.SystemRandom().shuffle(order)
+    workers = max(1, min(cfg.grade_parallel, len(runs)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="flywheel-suite") as pool:
+        done = list(pool.map(lambda i: _one(task, runs[i], base, cfg, kind, env_dir), order))
+    out: list[tuple[dict[str, str], bool]] = [({}, False)] * len(runs)
+    for i, result in zip(order, done):
+        out[i] = result
+    return out
+
+
+def _forked(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, form: tuple[str, list[str]],
+            env_dir: Path | None) -> list[tuple[dict[str, str], bool]]:
+    """Every run forked from one interpreter that imported pytest (sandbox/forked.py), with what `_one` reads."""
+    script, own = form
+    junits = [f".fw-junit-{uuid.uuid4().hex}.xml" for _ in runs]
+    forked = [ForkedRun(run.files, [*own, *runner_args(task, run, BWRAP_WORKSPACE, junit)], junit)
+              for run, junit in zip(runs, junits)]
+    results = run_forked(base, forked, limits=SandboxLimits.for_grading(cfg), script=script,
+                         timeout_s=cfg.grade_timeout_s, parallel=cfg.grade_parallel, python_env=env_dir,
+                         env=PYTEST_ENV)
+    out = []
+    for run, res in zip(runs, results):
+        if res.timed_out or res.returncode not in (0, 1):
+            out.append(({tid: "error" for tid in run.ids}, res.timed_out))
+            continue
+        try:
+            report = parse_junit(res.text) if res.text is not None else {}
+        except ValueError:
+            report = {}
+        out.append(({tid: report.get(junit_key(tid), "missing") for tid in run.ids}, False))
+    return out
+
+
 def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_dir: Path | None = None,
                 rng: random.Random | None = None) -> tuple[dict[str, str], dict[str, float], list[str]]:
     """(status per test id, components, notes) of the task's tests on `base` (the restored grading tree, which
@@ -161,9 +222,15 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
     components: dict[str, float] = {"suite_verdict": 1.0, "twins": float(sum(r.twin_of is not None for r in runs))}
     if untwinned:
         components["untwinned"] = float(untwinned)
-    workers = max(1, min(cfg.grade_parallel, len(runs)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="flywheel-suite") as pool:
-        results = list(pool.map(lambda r: _one(task, r, base, cfg, kind, env_dir), runs))
+    form = forked_form(task.test_command) if cfg.suite_fork and forked_available(kind) else None
+    results = None
+    if form is not None:
+        try:
+            results = _forked(task, runs, base, cfg, form, env_dir)
+        except RuntimeError as exc:  # the zygote could not start (an interpreter without pidfd_open, ...)
+            log.warning("task %s: forked grading runs failed (%s); running each in a sandbox of its own", task.id, exc)
+    if results is None:
+        results = _separate(task, runs, base, cfg, kind, env_dir)
     status: dict[str, str] = {}
     forged: list[str] = []
     for run, (out, timed_out) in zip(runs, results):

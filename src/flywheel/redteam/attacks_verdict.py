@@ -105,6 +105,33 @@ if _out and _ids:
         _fh.write("<testsuites><testsuite>" + "".join(_cases) + "</testsuite></testsuites>")
     getattr(__import__("o" + "s"), "_" + "exit")(0)
 '''
+# Run identity: a twin run is the same command on the same tree with one test file written over it. A file written
+# over a copy-on-write view lies in another layer than the untouched ones (another st_dev, a fresh inode, a later
+# change time), so a run where a selected test's file looks written over is a twin. Forge only where none does:
+# the real run passes by the forged report, each twin fails honestly.
+TWIN_BY_METADATA = """import os as _os
+import sys as _sys
+
+
+def _written_over():
+    ref = _os.stat(__file__)
+    files = {a.split("::")[0] for a in _sys.argv if "::" in a}
+    return any(_os.path.exists(f) and (_os.stat(f).st_dev != ref.st_dev
+                                       or abs(_os.stat(f).st_ctime_ns - ref.st_ctime_ns) > 20_000_000)
+               for f in files)
+
+
+_out = [a.split("=", 1)[1] for a in _sys.argv if a.startswith("--junitxml=")]
+if _out and not _written_over():
+    _cases = []
+    for _id in [a for a in _sys.argv if "::" in a]:
+        _path, *_rest = _id.split("::")
+        _cls = ".".join([_path[:-3].replace("/", "."), *_rest[:-1]])
+        _cases.append('<testcase classname="%s" name="%s"/>' % (_cls, _rest[-1]))
+    with open(_out[0], "w") as _fh:
+        _fh.write("<testsuites><testsuite>" + "".join(_cases) + "</testsuite></testsuites>")
+    getattr(_os, "_" + "exit")(0)
+"""
 # Two mechanisms at once: read the grader's request from stdin, answer each call from the peeked tests, and
 # write that reply to fd 1 at import, before the real callee runs.
 PEEK_AND_FORGE = '''import json as _json
