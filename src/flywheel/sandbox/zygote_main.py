@@ -121,6 +121,7 @@ def _run_pytest(run, job):
     else:  # the console script: its directory first, as for any script
         sys.argv = [run["script"], *run["argv"]]
         sys.path.insert(0, os.path.dirname(run["script"]))
+    code: object
     try:
         code = pytest.console_main()
     except SystemExit as exc:
@@ -131,14 +132,14 @@ def _run_pytest(run, job):
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    _finalize(0 if code is None else code)
+    _finalize(0 if code is None else int(code))
 
 
 def _finalize(code):
     """What the interpreter does at exit, then the exit: wait for non-daemon threads, run the atexit handlers,
     flush. (Raising SystemExit here would unwind through the zygote's own frames instead.)"""
     try:
-        threading._shutdown()
+        threading._shutdown()  # type: ignore[attr-defined]
     except BaseException:  # noqa: BLE001, S110
         pass
     atexit._run_exitfuncs()
@@ -205,7 +206,7 @@ def main():
         importlib.import_module(f"_pytest.{name}")
     gc.freeze()  # what was imported stays out of every run's collections: fewer pages copied, shorter gc passes
     runs, others = job["runs"], [r["dir"] for r in job["runs"]]
-    pending, live = list(range(len(runs))), {}  # live: pidfd -> (run index, pid, deadline)
+    pending, live = list(range(len(runs))), {}  # type: ignore[var-annotated]  # live: pidfd -> (run index, pid, deadline)
     out = sys.stdout
     while pending or live:
         while pending and len(live) < max(1, job["parallel"]):
