@@ -80,7 +80,15 @@ def test_humaneval_plain_asserts_become_calls_and_anything_else_does_not():
         ((5, []), "eq")]
     assert decode(entries[0]["expected"]) == (3,) and entries[2]["tol"] == 1e-6
     assert all(check_call(e) is None for e in entries)
+    folded = humaneval_calls("def check(candidate):\n    print\n    assert candidate(3 * 19, [0**0]) == (3 + 5, 'ab' * 2)\n"
+                             "    assert abs(candidate(-2, []) - 2.0/3.0) < 1e-6\n", "solution", "f", "t")
+    assert [decode(e["args"]) for e in folded] == [(57, [1]), (-2, [])]
+    assert decode(folded[0]["expected"]) == (8, "abab") and decode(folded[1]["expected"]) == 2.0 / 3.0
     for body in ("    for x in range(3):\n        assert candidate(x) == x\n",  # loop
+                 "    assert candidate(10 ** 100) == 1\n",                      # a power too large to fold
+                 "    assert candidate('a' * 100000) == 1\n",                   # a string too long to fold
+                 "    assert candidate(1 / 0) == 1\n",                          # an error is not a constant
+                 "    undefined_name\n    assert candidate(1) == 1\n",          # a statement that is not a no-op
                  "    assert candidate(1) == helper(1)\n",                       # computed expected value
                  "    assert candidate(x=1) == 1\n",                             # keywords
                  "    import math\n    assert math.isclose(candidate(1), 1)\n"):
