@@ -38,6 +38,13 @@ def test_early(flag):
     assert area(1, 1) == 1
 
 
+def test_named(flag):
+    expected = {"w": 2}
+    size = 3
+    assert shape(size) == expected
+    assert area(size, 1) == size
+
+
 def test_no_literal():
     assert area(1, 2) == area(2, 1)
     assert area(0, 0) == None
@@ -50,6 +57,8 @@ def test_only_top_level_equalities_before_any_return_qualify():
     assert [lit.text for lit in twins.literals(SOURCE, ("TestText",), "test_slug")] == ["'a-b'"]  # not in `with`
     assert twins.literals(SOURCE, (), "test_early") == []  # the assert may be skipped by the return
     assert twins.literals(SOURCE, (), "test_no_literal") == []
+    # a name bound to a literal and compared once qualifies; `size` is also an input, so changing it is no twin
+    assert [lit.text for lit in twins.literals(SOURCE, (), "test_named")] == ['{"w": 2}']
     assert twins.literals(SOURCE, (), "test_missing") == [] and twins.literals("def (", (), "x") == []
     assert [lit.text for lit in twins.literals(SOURCE, (), "test_values[a-b]")] == ["6", '{"w": 2, "h": [3.5, -1]}']
 
@@ -159,6 +168,6 @@ def test_a_wrong_answer_equal_to_the_twin_is_flagged(tmp_path, suite_fork):
 def test_a_test_without_a_twin_is_counted(tmp_path, suite_fork):
     task = _task()
     task.hidden_files["tests/test_calc.py"] = task.hidden_files["tests/test_calc.py"].replace(
-        "assert area(20, 30) == 600", "expected = 600\n    assert area(20, 30) == expected")
+        "assert area(20, 30) == 600", "assert area(20, 30) == 599 + 1")
     r = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
     assert r.value == 1.0 and r.components["untwinned"] == 1.0

@@ -10,7 +10,9 @@ not for its twin without telling them apart, and the twin differs from the real 
 chosen at grading time: telling them apart means knowing the right answer. So a run whose twin passes is forged.
 
 Which literals qualify, so that a correct fix always fails the twin:
-* the expected side of `assert <expr> == <literal>` (either side) or of `self.assertEqual(a, b)`;
+* the expected side of `assert <expr> == <literal>` (either side) or of `self.assertEqual(a, b)`, or the literal
+  of a top-level `name = <literal>` when that side is `name` and the test uses the name nowhere else (one
+  assignment, one comparison: changing it changes only what the test expects);
 * in a statement at the top level of the test function's body, before any statement that can `return` or
   `yield`: if the real test passes, that statement ran, so the compared value equalled the original literal and
   so differs from the changed one (builtin equality; an operand with a tolerant `__eq__`, such as
@@ -75,16 +77,38 @@ def _is_literal(node: ast.expr) -> bool:
     return type(value) in _TYPES
 
 
-def _expected_sides(stmt: ast.stmt) -> list[ast.expr]:
+def _compared(stmt: ast.stmt) -> list[ast.expr]:
+    """The two sides of a top-level `assert a == b` or `self.assertEqual(a, b)`, else []."""
     if isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare):
         cmp = stmt.test
         if len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq):
-            return [side for side in (cmp.left, cmp.comparators[0]) if _is_literal(side)][:1]
+            return [cmp.left, cmp.comparators[0]]
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
         if isinstance(call.func, ast.Attribute) and call.func.attr in _ASSERT_EQUAL and len(call.args) >= 2:
-            return [arg for arg in call.args[:2] if _is_literal(arg)][:1]
+            return list(call.args[:2])
     return []
+
+
+def _expected_sides(stmt: ast.stmt, bound: dict[str, ast.expr], uses: dict[str, int]) -> list[ast.expr]:
+    """The literal to change for one statement: a literal side of its equality, or the literal a side's name was
+    bound to (`expected = 600` ... `assert area(20, 30) == expected`) when that name is used nowhere else in the
+    test (so changing it changes only what the test expects)."""
+    sides = _compared(stmt)
+    direct = [side for side in sides if _is_literal(side)]
+    if direct:
+        return direct[:1]
+    named = [bound[side.id] for side in sides if isinstance(side, ast.Name) and side.id in bound
+             and uses.get(side.id) == 2]
+    return named[:1]
+
+
+def _bound_literal(stmt: ast.stmt) -> tuple[str, ast.expr] | None:
+    """(name, literal) of a top-level `name = <literal>`."""
+    if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and _is_literal(stmt.value)):
+        return stmt.targets[0].id, stmt.value
+    return None
 
 
 def _offsets(source: bytes) -> list[int]:
@@ -107,9 +131,20 @@ def literals(source: str, classes: tuple[str, ...], name: str) -> list[Literal]:
         return []
     raw = source.encode("utf-8", errors="surrogatepass")
     starts = _offsets(raw)
+    uses: dict[str, int] = {}
+    for node in ast.walk(func):
+        if isinstance(node, ast.Name):
+            uses[node.id] = uses.get(node.id, 0) + 1
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for n in node.names:
+                uses[n] = uses.get(n, 0) + 99  # bound outside the test: never a test's own expected value
+    bound: dict[str, ast.expr] = {}
     out = []
     for stmt in func.body:
-        for node in _expected_sides(stmt):
+        pair = _bound_literal(stmt)
+        if pair is not None:
+            bound[pair[0]] = pair[1]
+        for node in _expected_sides(stmt, bound, uses):
             if node.end_lineno is None or node.end_col_offset is None:
                 continue
             a = starts[node.lineno] + node.col_offset
