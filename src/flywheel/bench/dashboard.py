@@ -74,7 +74,7 @@ def write_run(run_dir: Path, num: int, seed: int = 0) -> dict:
                              "--rollout.group_size", "5", "--trainer.batch_size", str(PER_STEP),
                              "--trainer.num_steps", str(num // PER_STEP)])
     save_config(cfg, run_dir)
-    chat = ChatFormat(tok, tools_for(env))
+    chat = ChatFormat(tok, tools_for(env), cfg.model.tool_format)
     tasks = generate_tasks(40, seed=seed, split="train", difficulty="easy")
     t0 = time.monotonic()
     templates = [scripted_group(chat, task, env, run_dir / "cache", version=0, seed=i) for i, task in enumerate(tasks)]

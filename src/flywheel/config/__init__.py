@@ -37,6 +37,10 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype on load")
     max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="context length in tokens")
     seed: int = Field(0, ge=0, description="seed for random initialisation of presets; default: the global seed")
+    tool_format: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto", description="tool-call convention of prompts and parsed replies (docs/models.md): hermes "
+        "(<tool_call> JSON: flywheel's tokenizer, Qwen, SmolLM2), llama3_json (Llama 3's JSON calls), mistral "
+        "([TOOL_CALLS]); auto = the one the tokenizer's own tokens name")
 
 
 class TokenizerConfig(Section):

@@ -81,13 +81,14 @@ class ServingState:
     latencies_ms: list[tuple[float, float, int]] = field(default_factory=list)  # (end time, ms, version)
     _keys: dict[str, tuple[KeyRecord, float]] = field(default_factory=dict)  # key hash -> (record, read at)
     _chats: dict[str, ChatFormat] = field(default_factory=dict)
+    tool_format: str = "auto"  # model.tool_format
 
     def chat_for(self, tools: list[dict]) -> ChatFormat:
         k = json.dumps(tools, sort_keys=True)
         if k not in self._chats:
             if len(self._chats) > 256:
                 self._chats.clear()
-            self._chats[k] = ChatFormat(self.tokenizer, tools)
+            self._chats[k] = ChatFormat(self.tokenizer, tools, self.tool_format)
         return self._chats[k]
 
     async def key(self, request: web.Request) -> KeyRecord:

@@ -172,7 +172,7 @@ def build_pool(cfg: FlywheelConfig, engine: LocalEngine, tok: Any,
                on_group: Callable[[list[Trajectory]], None] | None = None) -> BackgroundRollouts:
     """Background rollouts on the serving engine: the RL loop's tasks, harness, agent loop and grading."""
     pool_dir = Path(cfg.run_dir) / "pool"
-    chat = ChatFormat(tok, tools_for(cfg.env))
+    chat = ChatFormat(tok, tools_for(cfg.env), cfg.model.tool_format)
     log_path = pool_dir / "trajectories.jsonl" if cfg.online.pool.log_trajectories else None
     return BackgroundRollouts(engine, chat, env_factory(cfg.env, pool_dir / "cache", cfg.env.sandbox),
                               pool_tasks(cfg), cfg.rollout, cfg.online.pool, log_path, seed=cfg.seed, on_group=on_group)
@@ -180,7 +180,7 @@ def build_pool(cfg: FlywheelConfig, engine: LocalEngine, tok: Any,
 
 def build_coding_suite(cfg: FlywheelConfig, tok: Any) -> CodingSuite:
     """The gate's held-out coding tasks, graded like the RL loop's eval (eval.temperature)."""
-    return CodingSuite(pool_tasks(cfg, "heldout"), ChatFormat(tok, tools_for(cfg.env)),
+    return CodingSuite(pool_tasks(cfg, "heldout"), ChatFormat(tok, tools_for(cfg.env), cfg.model.tool_format),
                        env_factory(cfg.env, Path(cfg.run_dir) / "gate" / "cache", cfg.env.sandbox), cfg.rollout,
                        num_samples=cfg.online.gate.coding_num_samples, seed=cfg.seed, temperature=cfg.eval.temperature)
 
@@ -224,11 +224,11 @@ class Service:
         follower = DeploymentFollower(elog, subscriber, engine)
         if isinstance(engine, LocalEngine):
             follower.step()  # serve the deployed version from the first request on (a restart may be at v > 0)
-        state = ServingState(engine, tok, elog, cfg.online.serve, follower)
+        state = ServingState(engine, tok, elog, cfg.online.serve, follower, tool_format=cfg.model.tool_format)
         learner = None
         inbox = GroupInbox(pool_cfg.max_waiting_groups) if pool_cfg.train else None
         if learner_model is not None:
-            chat = ChatFormat(tok)
+            chat = ChatFormat(tok, None, cfg.model.tool_format)
             gate_engine = build_engine(cfg.inference, gate_model, tok, cfg.numerics.batch_invariant)
             gate = Gate(cfg.online.gate, PreferenceSuite(SuggestionTask(), chat, tok), gate_engine,
                         coding=build_coding_suite(cfg, tok) if pool_cfg.train else None)

@@ -70,7 +70,7 @@ class InferenceNode:
         self.spec = spec
         self.cfg = FlywheelConfig.model_validate(spec.config)
         self.tokenizer = load_tokenizer(spec.tokenizer_dir)
-        self.chat = ChatFormat(self.tokenizer, tools_for(self.cfg.env))
+        self.chat = ChatFormat(self.tokenizer, tools_for(self.cfg.env), self.cfg.model.tool_format)
         # store_url: a store directory / fsspec URL, or a relay's http URL (weights.sync.open_source); the engine
         # by inference.type (inference/registry.py), its log (vLLM's server log) beside the node's cache
         self.engine, self.subscriber = build_node_engine(self.cfg, spec.model_dir, self.tokenizer, spec.store_url,

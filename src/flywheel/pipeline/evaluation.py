@@ -30,7 +30,7 @@ async def _run(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task
     await engine.start()
     try:
         rollout = cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})
-        worker = RolloutWorker(engine, ChatFormat(tokenizer, tools_for(cfg.env)),
+        worker = RolloutWorker(engine, ChatFormat(tokenizer, tools_for(cfg.env), cfg.model.tool_format),
                                lambda: CodingEnv(cfg.env, cache_dir, cfg.env.sandbox), rollout)
         k = cfg.eval.num_samples
         return await evaluate(worker, tasks, num_samples=k, ks=tuple(sorted({1, k})), seed=cfg.seed, on_done=on_done)

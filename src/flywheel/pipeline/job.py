@@ -78,7 +78,7 @@ class Progress:
 
 def probe_copying(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks) -> dict[str, float]:
     model = load_model(Path(model_dir), cfg.model.dtype)
-    return copy_probe(model, ChatFormat(tokenizer, tools_for(cfg.env)), system_prompt(cfg.env), tasks)
+    return copy_probe(model, ChatFormat(tokenizer, tools_for(cfg.env), cfg.model.tool_format), system_prompt(cfg.env), tasks)
 
 
 def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = True) -> dict:

@@ -52,7 +52,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     out = run_dir / "base_model"
     if (out / "config.json").exists():
         return out
-    chat = ChatFormat(tokenizer, tools_for(cfg.env))
+    chat = ChatFormat(tokenizer, tools_for(cfg.env), cfg.model.tool_format)
     n = cfg.midtrain.num_transcripts
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
@@ -62,7 +62,7 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     # Stage 2: whole sessions mixed with drills packed after the session's system prompt and tool list, so
     # copying carries over to the context the policy acts in (bare drills alone copied 3/30 edits in that
     # context; see docs/concepts.md).
-    bare = make_drills(tasks, m.num_drills, ChatFormat(tokenizer, []), m.seed,
+    bare = make_drills(tasks, m.num_drills, ChatFormat(tokenizer, [], cfg.model.tool_format), m.seed,
                        copy_fraction=m.copy_drill_fraction) if m.drill_steps else []
     drills = make_drills(tasks, m.num_drills, chat, m.seed + 1, copy_fraction=m.copy_drill_fraction,
                          system=system_prompt(cfg.env), per_sequence=m.drills_per_sequence)
