@@ -125,3 +125,16 @@ def test_loop_trains_with_a_two_rank_sharded_trainer(base, tmp_path):
     assert versions == ["000000000000.json", "000000000001.json", "000000000002.json"]
     assert (run_dir / "final_model" / "config.json").exists()
     assert (run_dir / "checkpoints" / "step_00000002" / "dcp").is_dir()  # sharded checkpoints
+
+
+def test_a_run_without_signal_halts_when_asked(base, tmp_path):
+    """A random policy solves nothing: with uniform groups dropped no step can run, and
+    `orchestrator.halt_without_signal` ends the run (checkpointed, `rl.halted` says why) instead of waiting."""
+    root, tasks = base
+    run_dir = tmp_path / "nosignal"
+    cfg = config(run_dir, "async", 2).model_copy(deep=True)
+    cfg.orchestrator.drop_uniform_groups = True
+    cfg.orchestrator.halt_without_signal = 3
+    out = run_rl(cfg, run_dir, root / "model", root / "tokenizer", tasks)
+    assert out["interrupted"] and out["steps"] == 0
+    assert out["halted"]["reason"] == "no_signal" and out["halted"]["groups"] >= 3

@@ -167,3 +167,6 @@ def test_a_run_without_learning_signal_says_so_once(caplog):
             watch.observe("uniform", group)
     warnings = [r for r in caplog.records if "no learning signal" in r.getMessage()]
     assert len(warnings) == 1 and "drop_uniform_groups" in warnings[0].getMessage()
+    halting = NoSignalWatch(load_config(None, ["--orchestrator.halt_without_signal", "3"]))
+    assert [halting.observe(v, group) for v in ("uniform", "uniform", "admitted", "uniform", "uniform", "uniform")] \
+        == [False, False, False, False, False, True]

@@ -350,6 +350,10 @@ class OrchestratorConfig(Section):
     mode: Literal["async", "sync"] = Field("async", description="async pipeline or on-policy baseline")
     max_staleness: int = Field(4, ge=0, le=1000, description="trainer versions a trajectory may lag; staler are dropped")
     drop_uniform_groups: bool = Field(True, description="drop groups whose sessions all got one reward (no GRPO signal)")
+    halt_without_signal: int = Field(0, ge=0, le=1_000_000, description="stop the run (checkpointed; `--resume` "
+                                     "goes on) once this many groups in a row were dropped for one reward in every "
+                                     "session: no trainer step can run; 0 = only warn (once, after 4 batches' "
+                                     "worth)")
     max_ahead_batches: int = Field(0, ge=0, le=1000, description="async: engines start a group only while the "
                                    "groups started and not yet trained on or dropped number at most their groups in "
                                    "flight plus this many batches (orchestrator/pacing.py); 0 = production never "

@@ -117,21 +117,27 @@ def hidden_tests_ran(traj: Trajectory) -> bool:
 
 class NoSignalWatch:
     """Says once, on stderr, that the run cannot step: every group lately earned one reward (the policy solves none
-    of the tasks, or all), so drop_uniform_groups leaves nothing to train on and RL would wait for ever."""
+    of the tasks, or all), so drop_uniform_groups leaves nothing to train on and RL would wait for ever. With
+    `orchestrator.halt_without_signal = n`, `observe` returns True once n groups in a row were such: the loop then
+    stops as it does for a flag rate (a checkpoint, `rl.halted`, `--resume` goes on)."""
 
     def __init__(self, cfg: FlywheelConfig):
         self.limit = 4 * max(1, math.ceil(cfg.trainer.batch_size / cfg.rollout.group_size))
+        self.halt_after = cfg.orchestrator.halt_without_signal
         self.streak, self.warned = 0, False
 
-    def observe(self, verdict: str, group: list[Trajectory]) -> None:
+    def observe(self, verdict: str, group: list[Trajectory]) -> bool:
+        """Count the group; True when the run should stop for want of signal."""
         self.streak = self.streak + 1 if verdict == "uniform" else 0 if verdict == "admitted" else self.streak
-        if self.streak >= self.limit and not self.warned:
+        halt = 0 < self.halt_after <= self.streak
+        if self.streak >= self.limit and not self.warned and not halt:
             self.warned = True
             reward = next((t.reward.value for t in group if t.reward is not None), "?")
             logging.getLogger(__name__).warning(
                 "the last %d groups each earned one reward for every session (%s): no learning signal, so no "
                 "trainer step can run. Mid-train the policy more (midtrain.*), train on easier tasks "
                 "(synth.difficulties), or set orchestrator.drop_uniform_groups = false", self.streak, reward)
+        return halt
 
 
 def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_dir: Path, tasks: list[Task], *,
@@ -213,7 +219,9 @@ def run_rl(cfg: FlywheelConfig, run_dir: Path, base_model_dir: Path, tokenizer_d
                 verdict = buffer.admit(group, trainer.version, key=admitted.count)
                 if verdict == "admitted":
                     admitted.append(group)
-                no_signal.observe(verdict, group)
+                if no_signal.observe(verdict, group) and halted is None:
+                    halted = {"reason": "no_signal", "groups": no_signal.streak, "step": trainer.version}
+                    stop_event.set()
             batch = buffer.take(cfg.trainer.batch_size, trainer.version)
             if batch is None:
                 continue

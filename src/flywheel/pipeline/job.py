@@ -174,8 +174,13 @@ def run_job(cfg: FlywheelConfig, *, resume: bool = False, show_progress: bool = 
         lap("rl")
         save_summary()
         if rl["interrupted"]:
-            if rl.get("halted"):
-                h = rl["halted"]
+            h = rl.get("halted")
+            if h and h.get("reason") == "no_signal":
+                progress.log(f"halted: the last {h['groups']} groups each earned one reward for every session, so no "
+                             "trainer step could run (orchestrator.halt_without_signal); mid-train the policy more "
+                             "(midtrain.*), train on easier tasks (synth.difficulties), or set "
+                             "orchestrator.drop_uniform_groups = false")
+            elif h:
                 progress.log(f"halted: flag {h['flag']} raised by {h['rate']:.1%} of the last {h['window']} graded "
                              f"sessions (env.halt_on_flag_rate = {h['threshold']}); read the transcripts in "
                              f"{run_dir / 'trajectories'}, then continue with --resume")
