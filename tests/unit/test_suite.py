@@ -171,3 +171,16 @@ def test_a_test_without_a_twin_is_counted(tmp_path, suite_fork):
         "assert area(20, 30) == 600", "assert area(20, 30) == 599 + 1")
     r = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
     assert r.value == 1.0 and r.components["untwinned"] == 1.0
+
+
+def test_config_names_come_from_the_installed_runner():
+    """pytest 9 reads pytest.toml and .pytest.toml before pytest.ini; a list written for pytest 8 missed them. The
+    names are read off the installed pytest, and the task's own pytest.toml is the config the grader passes."""
+    import _pytest.config.findpaths as findpaths
+
+    from flywheel.envs.startup import BASE_CONFIG_NAMES, pytest_config_names
+    names = pytest_config_names()
+    assert names[:len(findpaths.CONFIG_LOADERS_BY_NAME)] == tuple(findpaths.CONFIG_LOADERS_BY_NAME)
+    assert set(BASE_CONFIG_NAMES) <= set(names) and "pytest.toml" in names
+    t = _task({"pytest.toml": "[pytest]\n", "tox.ini": "[pytest]\n"})
+    assert suite.runner_config(t, ["tests/test_calc.py"]) == "pytest.toml"

@@ -66,6 +66,7 @@ from flywheel.envs.calls import grade_calls
 from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
 from flywheel.envs.junit import junit_key, parse_junit, statuses_of
+from flywheel.envs.startup import pytest_config_names
 from flywheel.envs.suite import PYTEST_ENV, grade_suite, runs_pytest
 from flywheel.sandbox.nofollow import write_inside
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
@@ -85,7 +86,6 @@ from flywheel.types import Reward, Task
 
 FLAGS = ("tests_edited", "conftest_added", "sys_exit", "outside_read", "tool_spam", *STATIC_FLAGS, "runner_tampered",
          "verdict_forged")
-PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache"}  # never copied to grading (changes.py captures the same)
 _EXIT_RX = re.compile(r"\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|\bos\s*\.\s*kill\b|(?<![\w.])(?:exit|quit)\s*\(")
 _PLUGIN_RX = re.compile(r"\bpytest_plugins\b|^\s*def\s+pytest_\w+\s*\(", re.MULTILINE)
@@ -242,8 +242,9 @@ def detect_flags(task: Task, workspace: Path, cfg: EnvConfig, tool_log: list[dic
         flags.append("tests_edited")
     changed_text = {**ch.added, **{p: new for p, (_, new) in ch.modified.items()}}
     plugin = any(Path(p).name == "conftest.py" for p in set(changed_text) | set(ch.deleted))
-    plugin |= any(Path(p).name in PYTEST_CONFIGS and pytest_settings(text) for p, text in ch.added.items())
-    plugin |= any(Path(p).name in PYTEST_CONFIGS and pytest_settings(old) != pytest_settings(new)
+    configs = pytest_config_names()
+    plugin |= any(Path(p).name in configs and pytest_settings(text) for p, text in ch.added.items())
+    plugin |= any(Path(p).name in configs and pytest_settings(old) != pytest_settings(new)
                   for p, (old, new) in ch.modified.items())
     plugin |= any(p.endswith(".py") and _PLUGIN_RX.search(text) for p, text in changed_text.items())
     if plugin:
@@ -288,12 +289,13 @@ def _restore(task: Task, root: Path, orig: set[str], changes: WorkspaceChanges) 
     """Test files and pytest configs back to the task's versions (`orig`: the task's own paths), and the files of
     the tests' directories the agent touched (`changes`); agent-added ones removed; hidden files on top."""
     now = _walk(root)
+    configs = pytest_config_names()
     for rel, p in now.items():
         name = Path(rel).name
-        if (is_test_path(rel) or name in PYTEST_CONFIGS or rel.endswith(".pth")) and rel not in orig:
+        if (is_test_path(rel) or name in configs or rel.endswith(".pth")) and rel not in orig:
             p.unlink()
     for rel in orig:
-        if is_test_path(rel) or Path(rel).name in PYTEST_CONFIGS:
+        if is_test_path(rel) or Path(rel).name in configs:
             text = original_file(task, rel)
             if text is not None:
                 write_inside(root, rel, text)

@@ -1,6 +1,7 @@
 """The modules the test runner imports, read off the installed runner rather than listed by hand.
 
     names = runner_modules()      # frozenset of top-level names: "_pytest", "pluggy", "iniconfig", "packaging", ...
+    pytest_config_names()         # ("pytest.toml", ".pytest.toml", "pytest.ini", ...): the config files it reads
 
 Why: a file in the workspace named like a module the runner imports while it starts or collects, placed on the
 import path the tests run with, replaces that module for the whole test process. A hand-written list misses what
@@ -35,3 +36,21 @@ def runner_modules() -> frozenset[str]:
         if line.startswith(_MARK):
             return frozenset(json.loads(line[len(_MARK):])) - {"__main__", "__mp_main__"}
     return frozenset()
+
+
+# The config file names pytest 7 and 8 discover (their `locate_config` lists them), and so the least any grading
+# treats as a runner config, whichever pytest is installed.
+BASE_CONFIG_NAMES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+@functools.cache
+def pytest_config_names() -> tuple[str, ...]:
+    """The config file names the installed pytest discovers, in its order of precedence, with `BASE_CONFIG_NAMES`
+    after them (pytest 9 added `pytest.toml` and `.pytest.toml`; its `findpaths.CONFIG_LOADERS_BY_NAME` lists its
+    own names). Read off the runner so that a name a newer pytest reads is never missed."""
+    try:
+        from _pytest.config.findpaths import CONFIG_LOADERS_BY_NAME  # pytest >= 9
+        installed = tuple(CONFIG_LOADERS_BY_NAME)
+    except ImportError:  # an older pytest, or none (the demo's runtime install): the names above
+        installed = ()
+    return tuple(dict.fromkeys((*installed, *BASE_CONFIG_NAMES)))

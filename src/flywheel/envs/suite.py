@@ -45,6 +45,7 @@ from pathlib import Path, PurePosixPath
 from flywheel.config import EnvConfig
 from flywheel.envs import twins
 from flywheel.envs.junit import junit_key, parse_junit
+from flywheel.envs.startup import pytest_config_names
 from flywheel.sandbox.forked import ForkedRun, forked_available, overwrite, run_forked
 from flywheel.sandbox.sandbox import BWRAP_WORKSPACE, SandboxLimits, create_sandbox
 from flywheel.tasks.loaders import file_of_test, node_parts, original_file
@@ -52,9 +53,9 @@ from flywheel.types import Task
 
 log = logging.getLogger(__name__)
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # every grading run (reward.py imports it)
-# pytest's config files in the order it tries them in each directory, and the section each must hold to count
-CONFIG_FILES = (("pytest.ini", None), (".pytest.ini", None), ("pyproject.toml", "[tool.pytest"),
-                ("tox.ini", "[pytest]"), ("setup.cfg", "[tool:pytest]"))
+# The section a shared config file must hold to count as pytest's; pytest's own files (pytest.ini, pytest.toml,
+# their dot-names) always count. The names and their order come from the installed pytest (envs/startup.py).
+CONFIG_SECTIONS = {"pyproject.toml": "[tool.pytest", "tox.ini": "[pytest]", "setup.cfg": "[tool:pytest]"}
 SMALL_SUITE = 32  # PASS_TO_PASS tests up to this many go into every run
 
 
@@ -88,7 +89,8 @@ def runner_config(task: Task, test_files: list[str]) -> str | None:
     while not all(d == common or common in d.parents for d in dirs):
         common = common.parent
     for d in [common, *common.parents]:
-        for name, section in CONFIG_FILES:
+        for name in pytest_config_names():
+            section = CONFIG_SECTIONS.get(name)
             rel = str(d / name) if str(d) != "." else name
             text = original_file(task, rel)
             if text is not None and (section is None or any(line.strip().startswith(section)
