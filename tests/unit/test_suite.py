@@ -170,7 +170,18 @@ def test_a_test_without_a_twin_is_counted(tmp_path, suite_fork):
     task.hidden_files["tests/test_calc.py"] = task.hidden_files["tests/test_calc.py"].replace(
         "assert area(20, 30) == 600", "assert area(20, 30) == 599 + 1")
     r = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
-    assert r.value == 1.0 and r.components["untwinned"] == 1.0
+    # no FAIL_TO_PASS test has a twin: nothing to check the report against, so the guarded in-process path grades
+    assert r.value == 1.0 and r.components["untwinned"] == 1.0 and r.components["in_process_verdict"] == 1.0
+    assert "suite_verdict" not in r.components
+    forged = _graded(tmp_path, task, FORGE + task.files["calc.py"], suite_fork=suite_fork)
+    assert forged.value <= 0 and forged.flags, forged  # the guard catches what no twin could
+    both = _task()  # one test with a twin, one without: the suite verdict, and the one without counted
+    both.fail_to_pass.append("tests/test_calc.py::test_zero")
+    both.pass_to_pass.clear()
+    both.hidden_files["tests/test_calc.py"] = both.hidden_files["tests/test_calc.py"].replace(
+        "assert area(0, 0) == 0", "assert area(0, 0) == 1 - 1")
+    r = _graded(tmp_path, both, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
+    assert r.value == 1.0 and r.components["suite_verdict"] == 1.0 and r.components["untwinned"] == 1.0
 
 
 def test_config_names_come_from_the_installed_runner():

@@ -67,7 +67,7 @@ from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
 from flywheel.envs.junit import junit_key, parse_junit, statuses_of
 from flywheel.envs.startup import pytest_config_names
-from flywheel.envs.suite import PYTEST_ENV, grade_suite, runs_pytest
+from flywheel.envs.suite import PYTEST_ENV, grade_suite, runs_pytest, twinnable
 from flywheel.sandbox.nofollow import write_inside
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.services import TaskServices
@@ -344,22 +344,31 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
         flags = [f for f in flags if f not in STATIC_FLAGS]
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
-    if run_tests and task.calls and integrity and services is None:  # by data; a live service: in-process
+    by_data = bool(run_tests and task.calls and integrity and services is None)  # a live service: in-process
+    by_suite = bool(run_tests and not by_data and integrity and services is None and cfg.suite_verdict
+                    and runs_pytest(task.test_command))
+    components: dict[str, float] = {}
+    status: dict[str, str] = {}
+    if by_data:
         components, status = data_test_results(task, workspace, cfg, kind)
-    elif run_tests and integrity and services is None and cfg.suite_verdict and runs_pytest(task.test_command):
+    elif by_suite:
         components, status, notes = suite_test_results(task, workspace, cfg, kind, changes=changes)
         if components.get("verdict_forged"):
             flags.append("verdict_forged")
-    elif run_tests:
+    if run_tests and not by_data and (not by_suite or components.get("no_twin")):
+        # no data form of these tests and no twin to check their report against: the runner's report, guarded
+        untwinned = components.get("untwinned")
         components, report, notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, services,
                                                         changes=changes)
         status = statuses_of(test_ids, report)
-        components["in_process_verdict"] = 1.0  # no data form of these tests: the runner's report, guarded
+        components["in_process_verdict"] = 1.0
+        if untwinned:
+            components["untwinned"] = untwinned
         if components.get("runner_tampered"):
             flags.append("runner_tampered")
         if components.get("always_equal_seen") and "always_equal" not in flags:
             flags.append("always_equal")
-    else:
+    elif not run_tests:
         components, status = {"tests_not_run": 1.0}, {}
     forged = components.get("runner_tampered") or components.get("always_equal_seen") or components.get("verdict_forged")
     tests = 0.0 if forged else score_tests(status, cfg.partial_credit)
@@ -430,6 +439,8 @@ def suite_test_results(task: Task, workspace: Path, cfg: EnvConfig, kind: str = 
     with grading_tree(task, workspace, hidden_test_files(task), changes, integrity=True) as base:
         if base is None:
             return {"test_patch_failed": 1.0}, {}, []
+        if not twinnable(task, base):  # nothing to check the report against: the caller grades in-process
+            return {"no_twin": 1.0, "untwinned": float(len(set(task.fail_to_pass)))}, {}, []
         command = f"suite {task.test_command}" + (f" [python_env {env_dir.name}]" if env_dir is not None else "")
         key = result_key(task, command, kind, base) if cfg.grade_cache else None
         cached = GRADE_CACHE.get(key)

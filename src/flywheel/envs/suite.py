@@ -127,6 +127,13 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
     return runs, len(f2p) - len(twinned)
 
 
+def twinnable(task: Task, base: Path) -> bool:
+    """Does any FAIL_TO_PASS test of the task have a twin on this restored tree? A task with none has nothing to
+    check its report against: the grader takes the guarded in-process path for it instead (envs/reward.py)."""
+    runs, _ = plan(task, base, random.Random(0), 1)
+    return any(r.twin_of is not None for r in runs)
+
+
 def runner_args(task: Task, run: Run, inner_workspace: str, junit: str) -> list[str]:
     """The grader's runner configuration and selection, after the task's own command: exactly `run.ids`."""
     config = runner_config(task, [file_of_test(t) for t in run.ids])
