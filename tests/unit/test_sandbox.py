@@ -476,11 +476,11 @@ def test_bwrap_without_a_prepared_root_spells_the_view_out(base: Path, monkeypat
 @needs_bwrap_root
 def test_forked_child_builds_its_own_root_and_leaves_the_parents(base: Path) -> None:
     from flywheel.sandbox.rootfs import _remove_root, reap_stale
-    from flywheel.sandbox.sandbox import _bwrap_system_args
+    from flywheel.sandbox.sandbox import bwrap_view_args
     from flywheel.sandbox.workspace import default_tmp_root
 
     def root_of_this_process() -> str:
-        return next(a for a in _bwrap_system_args(default_tmp_root(), 1 << 20)[0] if "flywheel-root-" in a)
+        return next(a for a in bwrap_view_args(default_tmp_root(), 1 << 20)[0] if "flywheel-root-" in a)
 
     with create_sandbox(base, SandboxLimits(), "bwrap") as sb:
         assert sb.run("cat a.txt").stdout == "hello\n"

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from flywheel.sandbox.contract import SandboxLimits
 from flywheel.sandbox.host import UIDS, default_path, is_root, resolve_kind
-from flywheel.sandbox.sandbox import BWRAP_PYTHON_ENV, BWRAP_WORKSPACE, _bwrap_system_args
+from flywheel.sandbox.sandbox import BWRAP_PYTHON_ENV, BWRAP_WORKSPACE, bwrap_view_args
 from flywheel.sandbox.workspace import Workspace, close_in_background, default_tmp_root
 
 ZYGOTE_SOURCE = Path(__file__).with_name("zygote_main.py")
@@ -67,7 +67,7 @@ def forked_available(kind: str) -> bool:
             return False
     except ValueError:
         return False
-    system, _ = _bwrap_system_args(default_tmp_root(), 1 << 20)
+    system, _ = bwrap_view_args(default_tmp_root(), 1 << 20)
     return "--dev-bind" in system
 
 
@@ -143,7 +143,7 @@ def _zygote(runs: list[ForkedRun], spaces: list[Workspace], uids: list[int], lim
             tmp_root: str) -> list[tuple[int, bool]]:
     """(exit status, timed out) per run, from one zygote sandbox."""
     tmp_bytes = limits.file_size_mb * 1024 * 1024 * 4
-    system, _ = _bwrap_system_args(tmp_root, tmp_bytes)
+    system, _ = bwrap_view_args(tmp_root, tmp_bytes)
     bin_dir = f"{BWRAP_PYTHON_ENV}/bin" if python_env is not None else str(Path(sys.executable).parent)
     argv = [*system]
     for cap in CAPS:

@@ -361,7 +361,9 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
     return True
 
 
-def _bwrap_system_args(tmp_root: str, tmp_bytes: int) -> tuple[tuple[str, ...], bool]:
+def bwrap_view_args(tmp_root: str, tmp_bytes: int) -> tuple[tuple[str, ...], bool]:
+    """bwrap's arguments for the system view of this process's sandboxes, and whether the exec helper is in it
+    (rootfs.bwrap_system_args, built once per process; sandbox/forked.py starts its zygote with them too)."""
     return _bwrap_system_args_of(tmp_root, tmp_bytes, os.getpid())
 
 
@@ -396,7 +398,7 @@ class BwrapSandbox(_BaseSandbox):
             raise
 
     def _build_prefix(self, tmp_root: str | None) -> list[str]:
-        system, helper = _bwrap_system_args(tmp_root or default_tmp_root(), self.limits.file_size_mb * 1024 * 1024 * 4)
+        system, helper = bwrap_view_args(tmp_root or default_tmp_root(), self.limits.file_size_mb * 1024 * 1024 * 4)
         if self._netns is not None:
             system = tuple(a for a in system if a != "--unshare-net")
         env = [] if self.python_env is None else ["--ro-bind", self.python_env, BWRAP_PYTHON_ENV]
@@ -568,7 +570,7 @@ def describe_host(tmp_root: str | None = None) -> dict[str, object]:
                               "workspace_mode": workspace_mode(tmp_root), "root": is_root(),
                               "bwrap_path": shutil.which("bwrap"), "stale_dirs_reaped": _reap_once(tmp)}
     if out["bwrap"]:
-        system, helper = _bwrap_system_args(tmp, 1 << 20)
+        system, helper = bwrap_view_args(tmp, 1 << 20)
         out["bwrap_prepared_root"] = any(a.startswith(os.path.join(tmp, "flywheel-root-")) for a in system)
         out["bwrap_exec_helper"] = helper
     return out
