@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="engine, mismatch: dtype of --model "
                    "(default: bfloat16 for engine, float32 for mismatch)")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
-    p.add_argument("--base", default=None, help="pipeline: a mid-trained model directory (with its tokenizer) to "
+    p.add_argument("--base", default=None, help="pipeline, summarize: a mid-trained model directory (with its tokenizer) to "
                    "start both runs from, instead of mid-training one (e.g. runs/demo/base_model)")
     p.add_argument("--seeds", default=None, metavar="S,S,...", help="pipeline: one sync/async pair per RL seed, "
                    "e.g. --seeds 0,1,2; the summary averages the pairs (default: the config's seed)")

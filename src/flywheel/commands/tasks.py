@@ -1,6 +1,7 @@
 """Task files: generate synthetic bug-fix tasks, mine real-code ones, or check a task file.
 
     flywheel tasks synth --n 1000 --seed 0 --out tasks.jsonl [--split heldout] [--difficulty easy]
+    flywheel tasks synth --long chain --num-files 6 --pad 3 --n 200 --out long.jsonl [--split heldout]
     flywheel tasks mine --projects inflection==0.5.1,toolz==0.12.1 --out mined.jsonl [--verify]
         [--config FILE] [--mine.candidate_timeout_max_s 120 --mine.test_memory_mb 4096 ...]
     flywheel tasks check tasks.jsonl [--format swebench --repos-dir clones/] [--grade] [--envs-dir DIR]
@@ -36,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--difficulty", choices=["easy", "medium", "hard"], default=None, help="default: a mix")
     s.add_argument("--runner", choices=["minitest", "pytest"], default="minitest",
                    help="test runner the tasks use (default: runtests.py, see tasks/minitest.py)")
+    s.add_argument("--long", choices=["spread", "chain"], default=None, help="long-horizon tasks, one easy bug in "
+                   "each of --num-files padded modules, more than one context window (tasks/synth/long.py): "
+                   "'spread' lists every fix, 'chain' reveals each next fix in a test's output")
+    s.add_argument("--num-files", type=int, default=4, help="--long: files, one bug each (the chain's length)")
+    s.add_argument("--pad", type=int, default=3, help="--long: correct functions added to each file")
     m = sub.add_parser("mine", help="mine real-code bug-fix tasks from real projects (SWE-smith style)")
     m.add_argument("--projects", default="", help="comma-separated pinned source distributions, NAME==VERSION")
     m.add_argument("--dir", action="append", default=[], metavar="NAME=PATH",
@@ -72,8 +78,19 @@ def run(args: argparse.Namespace) -> int:
         if args.n < 0:
             raise SystemExit("flywheel tasks synth: --n must be >= 0")
         t0 = time.perf_counter()
-        tasks = write_tasks(args.out, args.n, seed=args.seed, split=args.split, difficulty=args.difficulty,
-                            runner=args.runner)
+        if args.long:
+            from flywheel.tasks.loaders import save_tasks
+            from flywheel.tasks.synth.long import generate_long_tasks
+
+            try:
+                tasks = generate_long_tasks(args.n, seed=args.seed, split=args.split, num_files=args.num_files,
+                                            pad_functions=args.pad, kind=args.long, runner=args.runner)
+            except ValueError as err:
+                raise SystemExit(f"flywheel tasks synth: {err}") from None
+            save_tasks(tasks, args.out)
+        else:
+            tasks = write_tasks(args.out, args.n, seed=args.seed, split=args.split, difficulty=args.difficulty,
+                                runner=args.runner)
         summary = task_summary(tasks)
         print(json.dumps({k: summary[k] for k in ("split", "difficulty", "mutation")}))
         print(f"wrote {len(tasks)} verified tasks ({len(summary['function'])} functions) to {args.out} "

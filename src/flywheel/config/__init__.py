@@ -201,6 +201,13 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(256, ge=1, le=131_072, description="tokens per assistant turn")
     max_total_tokens: int = Field(8192, ge=16, description="token budget for the whole session")
     summarize_at: int = Field(0, ge=0, description="context tokens past which the model summarizes; 0 = never")
+    max_summaries: int = Field(8, ge=0, le=10_000, description="summaries per session at most; past it the session "
+                               "goes on without summarizing and ends when the context is full")
+    summary_max_tokens: int = Field(0, ge=0, description="longest summary kept whole (tokens); a longer one is cut "
+                                    "and the rebuilt context says so; 0 = half of summarize_at")
+    summary_reward_weight: float = Field(0.0, ge=0, le=10, description="weight of the rule-based summary reward (the "
+                                         "share of the session's facts, files, edits and failing tests, kept in its "
+                                         "summaries; rollout/summary.py) added to the outcome reward; 0 = off")
     temperature: float = Field(1.0, ge=0, le=10, description="sampling temperature; 0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     concurrency: int = Field(32, ge=1, le=100_000, description="sessions running at once per worker")

@@ -9,7 +9,11 @@ is re-tokenized. A malformed tool call becomes an error observation, never the e
 
 Self-summarization: when the context passes `cfg.summarize_at` tokens, the model is asked to summarize its
 work; that summary is sampled (and so trained, sharing the trajectory's reward), the context is rebuilt from
-(system, task, summary) and the session goes on in a new segment.
+(system, task, summary) and the session goes on in a new segment. At most `cfg.max_summaries` per session; a
+summary that is empty, too long, cut or holds tool calls is kept as far as it can be, with a note the model can
+act on (rollout/summary.py), never a crash. `meta["summaries"]` records each one (context tokens before and
+after, the problem found, the share of the session's facts it kept); with `cfg.summary_reward_weight` that share
+is added to the outcome reward.
 
 A session ends at submit, when the model answers without a tool call, at `max_turns`, at the token budget
 `max_total_tokens` (all segments together) or at the wall-clock limit. Failures outside the policy (the
@@ -19,11 +23,13 @@ sandbox or the engine broke) raise `EnvironmentFailure`; the worker records and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 from flywheel.config import RolloutConfig
-from flywheel.types import Generation, Message, SamplingParams, Segment, Task, Trajectory
+from flywheel.rollout.summary import check_summary, fact_recall, session_facts
+from flywheel.types import Generation, Message, SamplingParams, Segment, Task, ToolCall, Trajectory
 
 SUMMARY_REQUEST = (
     "Your context is almost full. Summarize your progress so far: what the task is, what you found, what you "
@@ -96,7 +102,9 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
     seg = _SegmentBuilder()
     head: list[Message] = []
     total_sampled = 0
-    summaries = 0
+    summaries: list[dict] = []  # one record per summary (see the module docstring)
+    calls: list[ToolCall] = []  # every usable tool call of the session, for the summary's facts
+    max_summary_tokens = cfg.summary_max_tokens or max(1, cfg.summarize_at // 2)
     turns_in_segment = 0
     done = False
     deadline = t_start + min(cfg.wall_clock_s, task.limits.timeout_s or cfg.wall_clock_s)
@@ -137,14 +145,25 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
             budget = cfg.max_total_tokens - total_sampled
             if budget <= 0 or time.monotonic() > deadline:
                 break
-            if cfg.summarize_at and len(seg.token_ids) > cfg.summarize_at and turns_in_segment > 0:
+            if (cfg.summarize_at and len(seg.token_ids) > cfg.summarize_at and turns_in_segment > 0
+                    and len(summaries) < cfg.max_summaries):
                 seg.observe(chat.render_observation([Message(role="user", content=SUMMARY_REQUEST)]))
-                _, text = await generate(min(cfg.max_new_tokens, budget), 10_000 + summaries)
-                summary = chat.parse(text).content.strip()
+                try:
+                    gen, text = await generate(min(cfg.max_new_tokens, budget), 10_000 + len(summaries))
+                except _ContextFull as err:  # no room left even for the summary: the session ends here
+                    traj.meta["context_full"] = str(err)
+                    break
+                parsed = chat.parse(text)
+                cut = not gen.token_ids or gen.token_ids[-1] not in stop_ids
+                summary, problem = check_summary(parsed.content, len(parsed.tool_calls) + len(parsed.errors),
+                                                 len(gen.token_ids), max_summary_tokens, cut,
+                                                 chat.encode_text, chat.tokenizer.decode)
+                before = len(seg.token_ids)
                 traj.segments.append(seg.build())
-                summaries += 1
                 seg = _SegmentBuilder()
                 seg.observe(chat.render(head + [Message(role="user", content=SUMMARY_PREFIX + summary)]))
+                summaries.append({"tokens_before": before, "tokens_after": len(seg.token_ids), "problem": problem,
+                                  "facts_kept": fact_recall(summary, session_facts(task, calls))})
                 turns_in_segment = 0  # a rebuilt context longer than summarize_at must not summarize again at once
                 continue
             try:
@@ -155,6 +174,7 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
             traj.num_turns += 1
             turns_in_segment += 1
             parsed = chat.parse(text)
+            calls += parsed.tool_calls
             if not parsed.tool_calls and not parsed.errors:
                 break  # an answer without a tool call ends the session, as in the product's harness
             t0 = time.monotonic()
@@ -173,6 +193,10 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
         except Exception as err:
             raise EnvironmentFailure(f"grading failed for task {task.id}: {err}") from err
         timings["grade_s"] = time.monotonic() - t0
+        if cfg.summary_reward_weight and summaries and traj.reward is not None:
+            kept = sum(s["facts_kept"] for s in summaries) / len(summaries)  # a copy: the grade cache holds it
+            traj.reward = dataclasses.replace(traj.reward, value=traj.reward.value + cfg.summary_reward_weight * kept,
+                                              components={**traj.reward.components, "summary": kept})
         env_metrics = env.metrics() if hasattr(env, "metrics") else {}
         traj.num_tool_calls = int(env_metrics.get("num_tool_calls", 0))
         traj.num_tool_errors = int(env_metrics.get("num_tool_errors", 0))
@@ -180,6 +204,8 @@ async def run_session(engine, chat, env, task: Task, cfg: RolloutConfig, *, grou
         await asyncio.to_thread(env.close)
     timings["total_s"] = time.monotonic() - t_start
     traj.timings = timings
-    traj.meta = {"submitted": done, "num_summaries": summaries, "num_sampled_tokens": total_sampled,
-                 **{k: v for k, v in task.meta.items() if k in ("split", "difficulty", "mutation")}}
+    # update, not replace: `context_full` (and anything else set on the way) must survive to the metrics
+    traj.meta.update({"submitted": done, "num_summaries": len(summaries), "summaries": summaries,
+                      "num_sampled_tokens": total_sampled,
+                      **{k: v for k, v in task.meta.items() if k in ("split", "difficulty", "mutation", "kind")}})
     return traj

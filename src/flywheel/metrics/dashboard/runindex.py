@@ -223,6 +223,7 @@ def _row(d: dict[str, Any], bucket_key: str) -> dict[str, Any]:
             "sampled_tokens": int(meta.get("num_sampled_tokens") or 0), "tokens": d["_num_tokens"],
             "segments": d["_num_segments"], "version": d["_version"], "bucket": str(bucket or ""),
             "submitted": bool(meta.get("submitted")), "context_full": bool(meta.get("context_full")),
+            "summaries": int(meta.get("num_summaries") or 0),
             "total_s": (d.get("timings") or {}).get("total_s")}
 
 
@@ -329,7 +330,11 @@ class TrajectoryFiles:
         out = {"env_failure_rate": sum(r["env_failure"] is not None for r in self.rows) / n,
                "unsubmitted_rate": sum(not r["submitted"] for r in self.rows) / n,
                "context_full_rate": sum(r["context_full"] for r in self.rows) / n,
-               "tool_error_rate": sum(r["tool_errors"] > 0 for r in self.rows) / n}
+               "tool_error_rate": sum(r["tool_errors"] > 0 for r in self.rows) / n,
+               # self-summarization (rollout/summary_metrics.py has the full set): summaries per session and the
+               # share of sessions that submitted after at least one
+               "summaries_per_session": sum(r["summaries"] for r in self.rows) / n,
+               "finish_after_summary_rate": sum(r["summaries"] > 0 and r["submitted"] for r in self.rows) / n}
         if max_turns:
             out["max_turns_rate"] = sum(r["turns"] >= max_turns for r in self.rows) / n
         return out
