@@ -19,6 +19,11 @@ def test_sandbox_test_runs_and_submissions_are_counted_per_session():
     assert m["rollout/submitted"] == 0.75
     assert m["rollout/reward_all"] == 0.5
     assert received_metrics([]) == {}
+    summarized = traj(1.0, True)
+    summarized.meta.update(num_summaries=2, context_full=True)
+    m = received_metrics([[summarized, traj(0.0, True)]])  # the self-summarization figures (rollout/summary_metrics.py)
+    assert m["summary/summaries_per_session"] == 1.0 and m["summary/finish_after_summary_rate"] == 0.5
+    assert m["summary/context_full_rate"] == 0.5
 
 
 def test_sessions_that_failed_outside_the_policy_are_left_out():

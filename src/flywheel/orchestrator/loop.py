@@ -41,6 +41,7 @@ from flywheel.orchestrator.source import RolloutSource
 from flywheel.orchestrator.trainers import build_trainer
 from flywheel.policy.tokenizer import load_tokenizer, save_tokenizer
 from flywheel.rollout.evaluate import solved
+from flywheel.rollout.summary_metrics import summary_metrics
 from flywheel.trainer.buffer import Buffer
 from flywheel.types import Task, Trajectory
 
@@ -99,7 +100,10 @@ def received_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     trajs = [t for g in groups for t in g if t.reward is not None]
     if not trajs:
         return sandbox
-    return {**sandbox, "rollout/reward_all": statistics.fmean(t.graded.value for t in trajs),
+    # self-summarization (rollout/summary_metrics.py): summaries per session, finish after one, tokens processed
+    summaries = {f"summary/{k}": float(v) for k, v in summary_metrics(trajs).items()
+                 if isinstance(v, (int, float)) and k != "num_sessions"}
+    return {**sandbox, **summaries, "rollout/reward_all": statistics.fmean(t.graded.value for t in trajs),
             "rollout/pass_rate_all": statistics.fmean(float(solved(t)) for t in trajs),
             "rollout/num_all": float(len(trajs)),
             "rollout/submitted": statistics.fmean(float(bool(t.meta.get("submitted"))) for t in trajs),

@@ -26,6 +26,7 @@ Tests: tests/unit/test_forked.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -133,7 +134,7 @@ def run_forked(base: Path, runs: list[ForkedRun], *, limits: SandboxLimits, scri
         return [r for r in out if r is not None]
     finally:
         for ws, uid in zip(spaces, uids):
-            close_in_background(ws, lambda uid=uid: UIDS.release(uid))
+            close_in_background(ws, functools.partial(UIDS.release, uid))
         for uid in uids[len(spaces):]:
             UIDS.release(uid)
 
