@@ -50,25 +50,28 @@ def test_the_reference_fix_and_every_humaneval_call_pass_by_data(targets, env_cf
 def test_a_twin_told_apart_by_file_metadata_wins_only_when_twins_alone_write_files(targets, env_cfg, cache_dir,
                                                                                  monkeypatch):
     """`twin_by_metadata` forges only in a run where no selected test file looks written over (another overlay layer,
-    a later change time). When only the twin runs wrote their file (as the suite verdict once did), that was exactly
-    the real run: full reward, no flag. Every run now writes the same files the same way (envs/suite.py `plan`,
-    sandbox/forked.py `overwrite`), so the real run looks like its twins and the forgery earns nothing."""
+    a later change time). When only the twin runs wrote their file beside an untouched real run (as the suite verdict
+    once did), that was exactly the real run: full reward, no flag. Every run now writes the same files the same way
+    (envs/suite.py `plan`, sandbox/forked.py `overwrite`), so no run looks untouched and the forgery earns nothing."""
     from flywheel.envs import suite
     from flywheel.redteam.attacks import ATTACKS
     target = targets["swebench"]
     attack = next(a for a in ATTACKS if a.name == "twin_by_metadata")
-    for fork in (True, False):
-        r = play(target, attack.calls(target), env_cfg.model_copy(update={"suite_fork": fork}), cache_dir).reward
-        assert r.value <= 0 and r.components["tests"] == 0.0 and r.components["twins"] >= 1, (fork, r)
+    for update in ({"suite_fork": True}, {"suite_fork": False}, {"max_twins": 1}):
+        r = play(target, attack.calls(target), env_cfg.model_copy(update=update), cache_dir).reward
+        assert r.value <= 0 and r.components["tests"] == 0.0 and r.components["twins"] >= 1, (update, r)
     plan = suite.plan
 
-    def twins_alone_write(*args, **kwargs):
+    def twins_alone_write(*args, **kwargs):  # the old plan: an untouched real run, and twins that write their file
         runs, untwinned = plan(*args, **kwargs)
-        for run in runs:
-            run.files = {p: t for p, t in run.files.items()
-                         if run.twin_of is not None and p == suite.file_of_test(run.twin_of)}
-        return runs, untwinned
+        twin_runs = [run for run in runs if run.twin_of is not None]
+        for run in twin_runs:
+            run.files = {p: t for p, t in run.files.items() if p == suite.file_of_test(run.twin_of)}
+        return [suite.Run(twin_runs[0].ids), *twin_runs], untwinned
 
     monkeypatch.setattr(suite, "plan", twins_alone_write)
-    old = play(target, attack.calls(target), env_cfg.model_copy(update={"suite_fork": False}), cache_dir).reward
+    # one FAIL_TO_PASS test, so the real run alone says whether it passed (a second one would get its status from
+    # the twin run too, where this attack fails it honestly: runs that disagree give no credit)
+    one = dataclasses.replace(target, task=dataclasses.replace(target.task, fail_to_pass=target.task.fail_to_pass[:1]))
+    old = play(one, attack.calls(one), env_cfg.model_copy(update={"suite_fork": False}), cache_dir).reward
     assert old.value == 1.0 and not old.flags and old.components["tests"] == 1.0, old

@@ -149,7 +149,7 @@ def test_the_verdict_on_real_runs(tmp_path, suite_fork):
     forged = _graded(tmp_path, task, FORGE + task.files["calc.py"], suite_fork=suite_fork)
     assert forged.value < 0 and forged.flags == ["verdict_forged"] and forged.components["tests"] == 0.0
     assert forged.notes == ["tests/test_calc.py::test_area: passed with one expected value changed (its twin run); "
-                            "in the real run it passed"]
+                            "in the runs that kept it as it is it passed"]
     off = _graded(tmp_path, task, FORGE + task.files["calc.py"], suite_verdict=False)  # one guarded interpreter
     assert off.components["in_process_verdict"] == 1.0 and "suite_verdict" not in off.components
 
@@ -162,7 +162,7 @@ def test_a_wrong_answer_equal_to_the_twin_is_flagged(tmp_path, suite_fork):
     r = _graded(tmp_path, task, "def area(w, h):\n    return 900\n", twin_seed=seed, suite_fork=suite_fork)
     assert r.flags == ["verdict_forged"] and r.tests["tests/test_calc.py::test_area"] == "failed"
     assert r.notes == ["tests/test_calc.py::test_area: passed with one expected value changed (its twin run); in the "
-                       "real run it failed"]
+                       "runs that kept it as it is it failed"]
 
 
 def test_a_test_without_a_twin_is_counted(tmp_path, suite_fork):
@@ -195,3 +195,26 @@ def test_config_names_come_from_the_installed_runner():
     assert set(BASE_CONFIG_NAMES) <= set(names) and "pytest.toml" in names
     t = _task({"pytest.toml": "[pytest]\n", "tox.ini": "[pytest]\n"})
     assert suite.runner_config(t, ["tests/test_calc.py"]) == "pytest.toml"
+
+
+def test_two_twins_are_all_the_runs(tmp_path, suite_fork):
+    """With two twinned tests the two twin runs are the whole grading: each test's own status comes from the run
+    that kept it as it is; a fix earns 1, a bug 0, a forged report is caught by both twins."""
+    task = _task()
+    task.fail_to_pass.append("tests/test_calc.py::test_zero")
+    task.pass_to_pass.clear()
+    task.hidden_files["tests/test_calc.py"] = task.hidden_files["tests/test_calc.py"].replace(
+        "assert area(0, 0) == 0", "assert area(2, 3) == 6")
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "tests").mkdir()
+    (base / "tests/test_calc.py").write_text(task.hidden_files["tests/test_calc.py"])
+    runs, untwinned = suite.plan(task, base, random.Random(0), 3)
+    assert len(runs) == 2 and {r.twin_of for r in runs} == set(task.fail_to_pass) and untwinned == 0
+    fixed = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
+    assert fixed.value == 1.0 and fixed.components["twins"] == 2.0 and set(fixed.tests.values()) == {"passed"}
+    half = _graded(tmp_path, task, "def area(w, h):\n    return 600 if w == 20 else w + h\n", suite_fork=suite_fork)
+    assert half.value == 0.0 and half.tests == {"tests/test_calc.py::test_area": "passed",
+                                                "tests/test_calc.py::test_zero": "failed"} and not half.flags
+    forged = _graded(tmp_path, task, FORGE + task.files["calc.py"], suite_fork=suite_fork)
+    assert forged.flags == ["verdict_forged"] and len(forged.notes) == 2

@@ -7,19 +7,22 @@ its own interpreter) is a verdict that process can write. Here what the process 
 but the grader also asks the same question with a wrong answer, and code that cannot tell the two apart without
 the right answer cannot make only the real one pass.
 
-* The real run: the graded tests in a fresh sandbox on a fresh copy-on-write view of the tree, under a runner
-  configuration the grader passes explicitly: `-c` the task's own original config file (or /dev/null),
-  `--rootdir` the workspace, plugin autoload off, no cache provider. No config file of the agent's is ever read.
+* The runs: the graded tests, each run in a fresh interpreter on a fresh copy-on-write view of the tree (forked
+  from one that imported pytest, sandbox/forked.py, or a sandbox each), under a runner configuration the grader
+  passes explicitly: `-c` the task's own original config file (or /dev/null), `--rootdir` the workspace, plugin
+  autoload off, no cache provider. No config file of the agent's is ever read.
 * Twin runs (envs/twins.py): for up to `env.max_twins` FAIL_TO_PASS tests, chosen at grading time, a run with the
-  same command, file names and node ids, each in its own fresh sandbox, where that one test has one expected
-  literal changed. A correct fix fails that test in its twin run.
+  same command, file names and node ids where that one test has one expected literal changed. A correct fix fails
+  that test in its twin run. With two twins or more, the twin runs are all the runs: every other test is as it is
+  in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed" only
+  if it passed in each of them). With one twin, one more run keeps every test as it is.
 * A test's status in a run is what the run's report says when the interpreter exits 0 or 1 (any other status, a
   timeout or a missing entry fails it). A test that passes in its twin run is `verdict_forged`: no test credit,
-  the flag raised, whatever the real run says. That is every way of passing without computing the right answer:
+  the flag raised, whatever the other runs say. That is every way of passing without computing the right answer:
   a patched runner, a rewritten report, an exit status chosen by the code, an object equal to anything, an answer
-  read from the test file (the twin's file holds the twin's value). It is raised even when the real run failed
-  the test: code that forges only sometimes (by a coin, or by a hash of the file it sees) passes the real run and
-  not the twin as often as the other way round, so with the flag's penalty at least the test reward it earns
+  read from the test file (the twin's file holds the twin's value). It is raised even when the other runs failed
+  the test: code that forges only sometimes (by a coin, or by a hash of the file it sees) passes an untouched run
+  and not the twin as often as the other way round, so with the flag's penalty at least the test reward it earns
   nothing in expectation. The price: a wrong answer that happens to equal the twin's changed value is flagged.
 * PASS_TO_PASS tests are in every run when there are at most `SMALL_SUITE` of them; a larger set (a mined task
   has hundreds) runs once, in its own fresh interpreter, and the twin runs hold only the FAIL_TO_PASS tests.
@@ -27,7 +30,7 @@ the right answer cannot make only the real one pass.
 What it does not cover (docs/integrity.md): a FAIL_TO_PASS test with no qualifying literal has no twin
 (`components["untwinned"]` counts them), nor do those past `env.max_twins` in a grading (a run that forges a few
 of many tests is caught only when one of them is drawn); PASS_TO_PASS tests have no twins; a twin is as hidden
-as its new value is plausible. Cost: 1 + twins (+1 for a large PASS_TO_PASS set) interpreters,
+as its new value is plausible. Cost: max(2, twins) (+1 for a large PASS_TO_PASS set) interpreters,
 `env.grade_parallel` at a time.
 Tests: tests/unit/test_suite.py, tests/redteam/.
 """
@@ -100,7 +103,8 @@ def runner_config(task: Task, test_files: list[str]) -> str | None:
 
 
 def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[list[Run], int]:
-    """The runs of one grading (the real run first) and how many FAIL_TO_PASS tests have no twin."""
+    """The runs of one grading and how many FAIL_TO_PASS tests have no twin. With two twins or more, every run is a
+    twin run: a test's own status comes from the runs where it is not the twinned one (see the module doc)."""
     f2p = list(dict.fromkeys(task.fail_to_pass))
     p2p = [t for t in dict.fromkeys(task.pass_to_pass) if t not in f2p]
     together = len(p2p) <= SMALL_SUITE
@@ -121,7 +125,9 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
     # Every run writes the same files (the originals, or a twin in its own run): a rewritten file differs from an
     # untouched one in ways a run can see (its inode, its layer), so no run may be the only one to rewrite it.
     same = {path: sources[path] for _, path, _ in chosen}
-    runs = [Run(ids, dict(same))] + [Run(ids, {**same, path: twin}, tid) for tid, path, twin in chosen]
+    runs = [Run(ids, {**same, path: twin}, tid) for tid, path, twin in chosen]
+    if len(runs) < 2:  # a lone twin run has no run where its test is untouched: add one with no twin
+        runs.insert(0, Run(ids, dict(same)))
     if not together:
         runs.append(Run(p2p, dict(same)))
     return runs, len(f2p) - len(twinned)
@@ -185,7 +191,7 @@ def _one(task: Task, run: Run, base: Path, cfg: EnvConfig, kind: str, env_dir: P
 def _separate(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, kind: str, env_dir: Path | None,
               ) -> list[tuple[dict[str, str], bool]]:
     """Each run in a sandbox of its own, started in a random order (uids and workspaces are handed out in the
-    order sandboxes start, and the real run is first in `runs`)."""
+    order sandboxes start, and `runs` comes in the plan's order)."""
     order = list(range(len(runs)))
     random.SystemRandom().shuffle(order)
     workers = max(1, min(cfg.grade_parallel, len(runs)))
@@ -245,11 +251,12 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
     for run, (out, timed_out) in zip(runs, results):
         if timed_out:
             components["timed_out"] = 1.0
-        if run.twin_of is None:
-            status.update(out)
-        elif out[run.twin_of] == "passed":  # whether or not the real run passed it: see the module doc
+        for tid, st in out.items():
+            if tid != run.twin_of and status.get(tid, "passed") == "passed":
+                status[tid] = st  # passed only where it passed in every run that kept it as it is
+        if run.twin_of is not None and out[run.twin_of] == "passed":  # whatever the other runs say: module doc
             forged.append(run.twin_of)
     if forged:
         components["verdict_forged"] = 1.0
-    return status, components, [f"{tid}: passed with one expected value changed (its twin run); in the real run "
-                                f"it {status.get(tid, 'missing')}" for tid in forged]
+    return status, components, [f"{tid}: passed with one expected value changed (its twin run); in the runs that "
+                                f"kept it as it is it {status.get(tid, 'missing')}" for tid in forged]
