@@ -53,10 +53,14 @@ PEERS := verl==0.9.1 trl==1.16.0 tensordict==0.15.3 pyvers==0.2.3 omegaconf==2.4
 # The oldest transformers pyproject.toml accepts (and the hub and tokenizers it pins), for
 # tests/unit/test_transformers_floor.py, which puts it first on the path of a child pytest (~15 MB, ~5 s).
 FLOOR := transformers==5.0.0 tokenizers==0.22.1 huggingface-hub==1.3.0
+# torchao, the reference tests/unit/test_quant_torchao.py checks modeling/quant.py against, beside the venv: installed
+# in it, transformers would import it at every model load (seconds, and warnings on stderr).
+TORCHAO := torchao==0.18.0
 $(STAMP): $(RUNTIME)
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/peers $(PEERS)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/floor $(FLOOR)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/torchao $(TORCHAO)
 	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: chromium not installed; the dashboard's browser tests (-m browser) need it: apt-get install chromium")

@@ -138,3 +138,16 @@ def test_a_run_without_signal_halts_when_asked(base, tmp_path):
     out = run_rl(cfg, run_dir, root / "model", root / "tokenizer", tasks)
     assert out["interrupted"] and out["steps"] == 0
     assert out["halted"]["reason"] == "no_signal" and out["halted"]["groups"] >= 3
+
+
+def test_loop_trains_and_serves_a_lora_adapter(base, tmp_path):
+    """trainer.lora: every version the loop publishes is the adapter (its manifest carries the marker and the base's
+    digest), the engines install it (the subscriber checks the served adapter's hashes) and the run finishes."""
+    root, tasks = base
+    run_dir = tmp_path / "lora"
+    cfg = config(run_dir, "async", 2).model_copy(deep=True)
+    cfg.trainer.lora.rank = 4
+    out = run_rl(cfg, run_dir, root / "model", root / "tokenizer", tasks)
+    assert out["steps"] == 2 and not out["interrupted"]
+    manifest = json.loads((run_dir / "weights" / "versions" / "000000000002.json").read_text())
+    assert manifest.get("adapter") and all(".lora_" in name for name in manifest["tensors"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flywheel.bench.mismatch import _serve, _step, _trajectories
+from flywheel.bench.mismatch import serve, trainer_step, trajectories
 from flywheel.config import ModelConfig
 from flywheel.modeling.lm_head import has_fp32_lm_head, use_fp32_lm_head
 from flywheel.policy.model import build_model
@@ -68,8 +68,8 @@ def test_engine_and_trainer_mismatch_falls_with_the_fp32_head(bf16_moe):
     k3 = {}
     for fp32 in (False, True):  # serve, then one trainer step with router replay: the benchmark's own helpers
         model = use_fp32_lm_head(copy.deepcopy(bf16_moe), fp32)
-        gens, _ = _serve(model, prompts, params, batch_invariant=False)
-        k3[fp32] = _step(model, _trajectories(prompts, gens), replay=True, bi=False)["mismatch/k3"]
+        gens, _ = serve(model, prompts, params, batch_invariant=False)
+        k3[fp32] = trainer_step(model, trajectories(prompts, gens), replay=True, bi=False)["mismatch/k3"]
     # The head's bf16 rounding is what the fp32 head removes; how much of k3 it is depends on the host's bf16
     # kernels, so the bound is the same run's bf16-head k3, never a figure tuned to one CPU. AMD EPYC (AVX2): the
     # head is more than half of k3, and k3 halves. Intel Xeon, AVX-512 without bf16 instructions (8.0e-6 against

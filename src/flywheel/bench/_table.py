@@ -22,7 +22,8 @@ DOCS = {"engine": "inference.md", "sandbox": "sandbox.md", "weights": "weights.m
         "pipeline": "training.md", "redteam": "integrity.md", "trainer": "training.md", "dashboard": "observability.md",
         "dashboard_online": "observability.md",
         "numerics_cuda": "numerics.md", "online": "online.md", "pool": "online.md", "serve_engines": "online.md",
-        "envs": "environments.md"}
+        "envs": "environments.md", "summarize": "training.md", "lora": "training.md",
+        "precision": "numerics.md"}
 
 
 def _fmt(value: object) -> str:

@@ -13,7 +13,7 @@ modes interleaved so that load from other processes hits them alike.
 
 Router replay is measured with an fp32 sampler (same math as the trainer up to reduction order:
 routing almost never flips) and with a bfloat16 sampler (how production inference runs; routing flips),
-on the random-init tiny-moe and on a tiny-moe TRAINED here (`_train_moe`: next-token steps on a seeded
+on the random-init tiny-moe and on a tiny-moe TRAINED here (`train_on_synthetic`: next-token steps on a seeded
 synthetic corpus, so routers have learned, uneven gates and near-ties like a real MoE). The headline
 `replay_k3_reduction_moe` = k3(bf16 sampler, trainer on the same bf16 weights, routing freely) / k3(same
 samples, trainer replays the sampler's experts), on the trained model with prompts from its training
@@ -56,7 +56,7 @@ from flywheel.types import Generation, Reward, SamplingParams, Segment, Trajecto
 VOCAB = 2048
 
 
-def _workload(quick: bool, seed: int = 0):
+def workload(quick: bool, seed: int = 0):
     rng = random.Random(seed)
     num, lo, hi, new = (16, 20, 100, 16) if quick else (32, 50, 300, 48)
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
@@ -64,9 +64,11 @@ def _workload(quick: bool, seed: int = 0):
     return prompts, params
 
 
-def _serve(model, prompts, params, batch_invariant: bool, cpu: list | None = None):
+def serve(model, prompts, params, batch_invariant: bool, cpu: list | None = None, **engine_kw):
+    """The sessions served concurrently by one LocalEngine (`engine_kw`: its other settings, e.g. weight_dtype);
+    (generations, tokens/s from wall time); appends tokens per CPU second to `cpu`."""
     async def main():
-        async with LocalEngine(model, batch_invariant=batch_invariant, max_seq_len=1024) as engine:
+        async with LocalEngine(model, batch_invariant=batch_invariant, max_seq_len=1024, **engine_kw) as engine:
             t0, c0 = time.perf_counter(), time.process_time()
             gens = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
             return gens, time.perf_counter() - t0, time.process_time() - c0
@@ -77,7 +79,7 @@ def _serve(model, prompts, params, batch_invariant: bool, cpu: list | None = Non
     return gens, num_tokens / wall_s
 
 
-def _synthetic_text(num_seqs: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+def synthetic_text(num_seqs: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
     """[num_seqs, seq_len] token ids over the first 512 of the vocabulary: each sequence follows one of 4
     seeded sparse bigram chains ("topics"; 3 successors per token), so the next token depends on the token
     and on the topic, which only the context tells."""
@@ -92,15 +94,15 @@ def _synthetic_text(num_seqs: int, seq_len: int, generator: torch.Generator) -> 
     return out
 
 
-def _train_moe(model, num_steps: int, seed: int = 0) -> list[float]:
-    """`num_steps` AdamW next-token steps (batch 16 x 64 tokens, lr 3e-3) on `_synthetic_text`, seeded.
+def train_on_synthetic(model, num_steps: int, seed: int = 0) -> list[float]:
+    """`num_steps` AdamW next-token steps (batch 16 x 64 tokens, lr 3e-3) on `synthetic_text`, seeded.
     Returns the loss curve (first and last steps)."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
     losses = []
     for _ in range(num_steps):
-        ids = _synthetic_text(16, 64, g)
+        ids = synthetic_text(16, 64, g)
         loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -122,17 +124,17 @@ def _replay_mismatch(model, prompts, params, repeats: int = 1) -> dict:
     gens: dict[str, list[Generation]] = {}
     for _ in range(repeats):
         for name, m in (("bf16_head", m16), ("fp32_head", m16h)):
-            g, t = _serve(m, prompts, params, batch_invariant=False)
+            g, t = serve(m, prompts, params, batch_invariant=False)
             tps[name].append(t)
             gens.setdefault(name, g)
-    t16, t16h = _trajectories(prompts, gens["bf16_head"]), _trajectories(prompts, gens["fp32_head"])
-    free, rep = _step(model, t16, False, False), _step(model, t16, True, False)
+    t16, t16h = trajectories(prompts, gens["bf16_head"]), trajectories(prompts, gens["fp32_head"])
+    free, rep = trainer_step(model, t16, False, False), trainer_step(model, t16, True, False)
     used = _used_expert_agreement(model, prompts, gens["bf16_head"])
 
     def same_weights(m, trajs) -> dict:
         """The trainer forward on the sampler's own bf16 weights (FSDP/Megatron-style bf16 params): only the
         kernels and batching differ from the sampler, as between vLLM and a bf16 trainer in production."""
-        f, r = _step(m, trajs, False, False), _step(m, trajs, True, False)
+        f, r = trainer_step(m, trajs, False, False), trainer_step(m, trajs, True, False)
         return {"k3_default": f["mismatch/k3"], "k3_router_replay": r["mismatch/k3"],
                 "max_abs_dlogp_default": f["mismatch/max_abs_diff"],
                 "max_abs_dlogp_router_replay": r["mismatch/max_abs_diff"],
@@ -159,26 +161,32 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
+def synthetic_workload(quick: bool, seed: int = 7) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Prompts cut from `synthetic_text` (the distribution `train_on_synthetic` trains on), seeded sampling."""
+    num, lo, hi, new = (16, 20, 60, 16) if quick else (32, 30, 120, 48)
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    text = synthetic_text(num, hi, g)
+    prompts = [text[i, :rng.randint(lo, hi)].tolist() for i in range(num)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=new, seed=i) for i in range(num)]
+    return prompts, params
+
+
 def _trained_moe(quick: bool, repeats: int = 1) -> dict:
     """Router replay on a tiny-moe trained on synthetic text, sampled on prompts from that text."""
     model = build_model(ModelConfig(preset="tiny-moe", max_seq_len=1024), vocab_size=VOCAB)
     num_steps = 60 if quick else 300
     t0 = time.perf_counter()
-    losses = _train_moe(model, num_steps)
+    losses = train_on_synthetic(model, num_steps)
     train_s = time.perf_counter() - t0
-    num, lo, hi, new = (16, 20, 60, 16) if quick else (32, 30, 120, 48)
-    g = torch.Generator().manual_seed(7)
-    rng = random.Random(7)
-    text = _synthetic_text(num, hi, g)
-    prompts = [text[i, :rng.randint(lo, hi)].tolist() for i in range(num)]
-    params = [SamplingParams(temperature=1.0, max_new_tokens=new, seed=i) for i in range(num)]
+    prompts, params = synthetic_workload(quick)
     out = _replay_mismatch(model, prompts, params, repeats)
     out.update({"train_steps": num_steps, "train_s": train_s, "loss_first": losses[0],
                 "loss_last": sum(losses[-10:]) / len(losses[-10:])})
     return out
 
 
-def _trajectories(prompts, gens) -> list[Trajectory]:
+def trajectories(prompts, gens) -> list[Trajectory]:
     out = []
     for i, (p, g) in enumerate(zip(prompts, gens)):
         routed = None if g.routed_experts is None else [[] for _ in p] + g.routed_experts
@@ -190,9 +198,14 @@ def _trajectories(prompts, gens) -> list[Trajectory]:
     return out
 
 
-def _step(model, trajs, replay: bool, bi: bool) -> dict:
-    cfg = TrainerConfig(lr=1e-6, router_replay=replay, micro_batch_tokens=4096)
-    return Trainer(copy.deepcopy(model), cfg, batch_invariant=bi).step(trajs)
+def make_trainer(model, replay: bool, bi: bool, **cfg_kw) -> Trainer:
+    """A Trainer on a copy of `model` (lr 1e-6, 4096-token micro-batches; `cfg_kw`: other TrainerConfig keys)."""
+    cfg = TrainerConfig(**{"lr": 1e-6, "router_replay": replay, "micro_batch_tokens": 4096, **cfg_kw})
+    return Trainer(copy.deepcopy(model), cfg, batch_invariant=bi)
+
+
+def trainer_step(model, trajs, replay: bool, bi: bool) -> dict:
+    return make_trainer(model, replay, bi).step(trajs)
 
 
 def _used_expert_agreement(model, prompts, gens) -> dict[str, float]:
@@ -222,23 +235,23 @@ def _preset(preset: str, quick: bool, repeats: int) -> dict:
 
 
 def _measure(model, moe: bool, quick: bool, repeats: int) -> dict:
-    prompts, params = _workload(quick)
+    prompts, params = workload(quick)
     engine_tps: dict[str, list[float]] = {"default": [], "batch_invariant": []}
     engine_cpu: dict[str, list[float]] = {"default": [], "batch_invariant": []}
     gens: dict[str, list[Generation]] = {}
     for _ in range(repeats):
         for mode in engine_tps:
-            g, tps = _serve(model, prompts, params, mode == "batch_invariant", engine_cpu[mode])
+            g, tps = serve(model, prompts, params, mode == "batch_invariant", engine_cpu[mode])
             engine_tps[mode].append(tps)
             gens.setdefault(mode, g)
-    trajs = {m: _trajectories(prompts, g) for m, g in gens.items()}
+    trajs = {m: trajectories(prompts, g) for m, g in gens.items()}
     runs = {"default": ("default", False, False), "batch_invariant": ("batch_invariant", False, True)}
     if moe:
         runs["router_replay"] = ("default", True, False)
     steps: dict[str, list[dict]] = {m: [] for m in runs}
     for _ in range(repeats):
         for mode, (src, replay, bi) in runs.items():
-            steps[mode].append(_step(model, trajs[src], replay, bi))
+            steps[mode].append(trainer_step(model, trajs[src], replay, bi))
     modes = {}
     for mode, ms in steps.items():
         m = ms[0]

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "agent workload, with vLLM's weight-update figures (flywheel/bench/_engines.py)")
     p.add_argument("--preset", default=None, choices=["tiny", "small"], help="engine --engines: the model preset "
                    "(default tiny; small = 32M parameters)")
-    p.add_argument("--model", default=None, metavar="DIR", help="engine, mismatch: a model directory (e.g. one "
+    p.add_argument("--model", default=None, metavar="DIR", help="engine, mismatch, precision, lora: a model directory (e.g. one "
                    "`flywheel models import` wrote) instead of the preset; weights: a finished RL run's directory "
                    "(e.g. runs/real), whose own published versions are measured")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="engine, mismatch: dtype of --model "

@@ -108,6 +108,12 @@ class InferenceConfig(Section):
                                              "requests reuse (a session's next turn, a group's other sessions); "
                                              "0 = prefill every prompt whole. Off in numerics.batch_invariant mode")
     num_threads: int = Field(0, ge=0, le=1024, description="torch threads for the engine; 0 = torch default")
+    weight_dtype: Literal["bf16", "fp8_e4m3", "fp8_e4m3_block", "mxfp4", "nvfp4"] = Field(
+        "bf16", description="local engine: the format of the decoder-layer weights it serves, fake-quantized when "
+        "loaded and at every swap (modeling/quant.py; docs/numerics.md, \"Low precision\"); bf16 = as loaded")
+    kv_dtype: Literal["bf16", "fp8_e4m3", "fp8_e4m3_block", "mxfp4", "nvfp4"] = Field(
+        "bf16", description="local engine, native runner: the format of K and V written to the KV cache "
+        "(fake-quantized per head vector); bf16 = the model dtype")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
@@ -236,6 +242,37 @@ class MeshConfig(Section):
         return self
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """Low-rank adapters (trainer/lora.py, peft): the base weights stay frozen, the optimizer holds only the
+    adapters, and a version published to the engines is the adapter alone (docs/training.md, "LoRA")."""
+
+    rank: int = Field(0, ge=0, le=4096, description="adapter rank r; 0 = off (full fine-tuning)")
+    alpha: float = Field(16.0, gt=0, le=65_536, description="LoRA alpha; the update is (alpha / rank) * B @ A")
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), description="name suffixes of "
+                                      "the nn.Linear modules that get an adapter (default: attention and MLP "
+                                      "projections)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
+
+    @model_validator(mode="after")
+    def _check_targets(self) -> LoraConfig:
+        if self.rank > 0 and not self.target_modules:
+            raise ValueError("trainer.lora.target_modules is empty; name at least one module suffix such as "
+                             "'q_proj', or set trainer.lora.rank = 0")
+        bad = [t for t in self.target_modules if not t or not all(part.isidentifier() for part in t.split("."))]
+        if bad:
+            raise ValueError(f"trainer.lora.target_modules entries {bad} are not module name suffixes such as "
+                             "'q_proj' or 'self_attn.q_proj'")
+        return self
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: the factor on B @ A."""
+        return self.alpha / self.rank if self.rank else 0.0
+
+
 class TrainerConfig(Section):
     """Policy optimisation: advantages, loss, off-policy correction, optimizer, checkpoints, sharding."""
 
@@ -255,6 +292,10 @@ class TrainerConfig(Section):
                                "the same trajectories, the clip bounding the move from the batch's old log-probs; "
                                "one published weight version per batch")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training compute dtype")
+    matmul_precision: Literal["bf16", "fp8_tensor", "fp8_block"] = Field(
+        "bf16", description="inputs and weights of every decoder nn.Linear fake-quantized to fp8 e4m3 in the forward "
+        "(per-tensor or 1 x 128 block scales, current scaling; straight-through gradients; trainer/precision.py); "
+        "master weights and optimizer state unchanged; bf16 = trainer.dtype as is")
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "given"] = Field(
         "grpo", description="advantage estimator: group-relative (grpo, drgrpo, rloo: leave-one-out baseline), "
                             "REINFORCE++ (reinforce_pp: rewards whitened over the batch's loss tokens; "
@@ -306,6 +347,8 @@ class TrainerConfig(Section):
                                   "before the group fails (a dead rank is noticed at the latest then)")
     group_max_restarts: int = Field(3, ge=0, le=1000, description="sharded trainer: restarts of a failed rank group "
                                     "(each resumes from the newest checkpoint)")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="low-rank adapters ([trainer.lora]); rank 0 "
+                             "= off")
 
     @model_validator(mode="after")
     def _check_mesh(self) -> TrainerConfig:

@@ -19,8 +19,9 @@ Prompt prefixes already computed (a session's earlier turns, a group's shared pr
 prefilled again (`inference/prefix_cache.py`, `prefix_cache_mb`; not in batch-invariant mode).
 
 Weight swaps: `update_weights` validates every name/shape/dtype and copies the tensors *before* taking the
-step lock, then swaps parameter `.data` pointers under it (microseconds). Every token records the version
-whose weights ran the forward that produced it. Stop strings need a tokenizer; the token that completes
+step lock, then swaps parameter `.data` pointers under it (microseconds). A LoRA run's versions come through
+`update_adapter`: merged into the pristine base off the lock (inference/lora.py), swapped the same way. Every
+token records the version whose weights ran the forward that produced it. Stop strings need a tokenizer; the token that completes
 a stop string or is a stop token is kept in the output (token-exact trajectories keep what was sampled).
 """
 
@@ -38,9 +39,11 @@ from typing import Any, Literal
 
 import torch
 
+from flywheel.inference.lora import AdapterMerger
 from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token
 from flywheel.inference.scheduler import PRIORITIES, AdmissionQueue, Priority
+from flywheel.modeling.quant import quantize_params_, quantize_weight
 from flywheel.modeling.runner import runner_for
 from flywheel.types import Generation, SamplingParams
 
@@ -89,7 +92,8 @@ class LocalEngine:
     def __init__(self, model, *, max_batch_size: int = 64, max_seq_len: int | None = None,
                  tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096, batch_invariant: bool = False,
                  prefix_cache_mb: int = 0, max_background_rows: int | None = None,
-                 max_background_prefill_tokens: int | None = None):
+                 max_background_prefill_tokens: int | None = None, weight_dtype: str = "bf16",
+                 kv_dtype: str = "bf16"):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -98,7 +102,7 @@ class LocalEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_seq_len = int(max_seq_len or model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
-        self.runner = runner_for(model, self.max_seq_len, bool(batch_invariant))
+        self.runner = runner_for(model, self.max_seq_len, bool(batch_invariant), kv_dtype=kv_dtype)
         self.batch_invariant = bool(batch_invariant)
         self.is_moe = bool(self.runner.is_moe)
         # Prompt prefixes already computed are reused (inference/prefix_cache.py): a runner that can continue a
@@ -110,6 +114,9 @@ class LocalEngine:
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self._version = int(version)
         self._params = dict(model.state_dict(keep_vars=True))  # name -> Parameter/buffer (tied names alias)
+        self.weight_dtype = weight_dtype  # inference.weight_dtype: served weights fake-quantized (modeling/quant.py)
+        quantize_params_(self._params, weight_dtype)
+        self._adapter = AdapterMerger(self._params)  # LoRA runs: adapters merged into the pristine base (inference/lora.py)
         self._step_lock = threading.Lock()  # held for each prefill/decode step and for a weight swap
         # weight swaps waiting for the step lock: the decode thread lets them in before its next step (a lock is
         # not fair; with steps back to back a swap could otherwise wait for the whole batch to finish)
@@ -248,7 +255,9 @@ class LocalEngine:
                                  f"{tuple(cur.shape)}")
             if t.dtype != cur.dtype:
                 raise ValueError(f"weight update: '{name}' has dtype {t.dtype}, the model expects {cur.dtype}")
-            prepared.append((cur, t.detach().to(device=cur.device, copy=True).contiguous()))
+            new = t.detach().to(device=cur.device, copy=True).contiguous()
+            prepared.append((cur, quantize_weight(name, new, self.weight_dtype)))
+        self._adapter.reset_base([str(n) for n in tensors])  # full weights: the new base of any later adapter
         with self._cond:
             self._swaps_waiting += 1
         try:
@@ -263,6 +272,30 @@ class LocalEngine:
                 self._swaps_waiting -= 1
                 self._cond.notify_all()
         return pause_ms
+
+    def update_adapter(self, version: int, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> float:
+        """Serve a LoRA adapter (`<module>.lora_A` / `.lora_B`, meta with `scale` and `base_digest`) as `version`,
+        merged into the pristine base weights (inference/lora.py). Returns the pause in ms; a rejected adapter
+        raises ValueError and leaves the engine serving its previous version."""
+        swaps, kept = self._adapter.prepare(tensors, meta)  # validated and merged before decoding is held
+        with self._cond:
+            self._swaps_waiting += 1
+        try:
+            with self._step_lock:
+                t0 = time.perf_counter()
+                self._adapter.commit(swaps, kept, float(meta["scale"]))
+                self._version = int(version)
+                pause_ms = (time.perf_counter() - t0) * 1000.0
+        finally:
+            with self._cond:
+                self._swaps_waiting -= 1
+                self._cond.notify_all()
+        return pause_ms
+
+    def served_adapter(self) -> dict[str, torch.Tensor]:
+        """The adapter tensors merged into the weights now ({} without one): the subscriber checks their hashes
+        against the trainer's manifest (weights/sync.py)."""
+        return dict(self._adapter.served)
 
     # ---- the decode thread -------------------------------------------------------------------------
 
@@ -382,4 +415,5 @@ def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False,
     return LocalEngine(model, max_batch_size=cfg.max_batch_size, max_prefill_tokens=cfg.max_prefill_tokens,
                        tokenizer=tokenizer, batch_invariant=batch_invariant, prefix_cache_mb=cfg.prefix_cache_mb,
                        max_background_rows=max_background_rows,
-                       max_background_prefill_tokens=max_background_prefill_tokens)
+                       max_background_prefill_tokens=max_background_prefill_tokens,
+                       weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype)

@@ -12,7 +12,9 @@ rows only, and a decode step attends over all its rows in place, one SDPA call p
 row's length (GQA without copies, no per-row loop, no cache copied).
 
 Why it reads the HF module's own parameters on every call: `update_weights` swaps parameter `.data`
-pointers, and the runner sees the new weights at the next call with nothing to rebuild.
+pointers, and the runner sees the new weights at the next call with nothing to rebuild. A projection with a peft
+LoRA adapter (the trainer's batch-invariant forward of a LoRA run) is read merged (`modeling/lora.py`), as the
+engine serves it.
 
 Default mode is not batch-invariant: a row's result may differ in the last bits between decoding alone and
 in a batch (MKL picks other kernels for small row counts, and the batched SDPA reduces over the longest
@@ -40,6 +42,7 @@ from flywheel.modeling import attention as bi_attention
 from flywheel.modeling.families import native_family
 from flywheel.modeling.kv_pool import KVPool, PooledKVCache
 from flywheel.modeling.lm_head import has_fp32_lm_head
+from flywheel.modeling.lora import linear_weight
 
 ROW_TILE = 16  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
 GPU_ROW_TILE = 128  # CUDA: every matmul is exactly [GPU_ROW_TILE, K] @ [K, N]
@@ -113,7 +116,8 @@ class DecoderRunner:
 
     reuses_prefixes = True  # prefill(start=n) continues a cache whose first n positions are filled
 
-    def __init__(self, model, max_seq_len: int, batch_invariant: bool = False, pad_rows: bool = False):
+    def __init__(self, model, max_seq_len: int, batch_invariant: bool = False, pad_rows: bool = False,
+                 kv_dtype: str = "bf16"):
         family, why_not = native_family(model, max_seq_len)
         if family is None:
             raise ValueError(f"the native runner does not cover this model: {why_not}")
@@ -145,7 +149,7 @@ class DecoderRunner:
         # caches are slots of one pool, so a decode step attends over all its rows in place: one SDPA call
         # per layer (batch-invariant mode: whole key tiles, modeling/attention.py)
         self.kv_pool = KVPool(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device,
-                              max_capacity=max_seq_len)
+                              max_capacity=max_seq_len, kv_dtype=kv_dtype)
 
     def new_cache(self, capacity: int) -> PooledKVCache:
         """A zeroed pool slot of at least `capacity` positions, given back when the cache is dropped."""
@@ -170,9 +174,9 @@ class DecoderRunner:
     def qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """h [M, D] -> q [M, H, hd], k and v [M, KV, hd] with the q/k norms (Qwen3) and rotary applied."""
         m = h.shape[0]
-        q = self._linear(h, attn.q_proj.weight, attn.q_proj.bias).view(m, self.num_heads, self.head_dim)
-        k = self._linear(h, attn.k_proj.weight, attn.k_proj.bias).view(m, self.num_kv_heads, self.head_dim)
-        v = self._linear(h, attn.v_proj.weight, attn.v_proj.bias).view(m, self.num_kv_heads, self.head_dim)
+        q = self._linear(h, linear_weight(attn.q_proj), attn.q_proj.bias).view(m, self.num_heads, self.head_dim)
+        k = self._linear(h, linear_weight(attn.k_proj), attn.k_proj.bias).view(m, self.num_kv_heads, self.head_dim)
+        v = self._linear(h, linear_weight(attn.v_proj), attn.v_proj.bias).view(m, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
             k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
@@ -184,9 +188,9 @@ class DecoderRunner:
     def mlp_block(self, mlp, h: torch.Tensor):
         """h [M, D] -> (out [M, D], routed expert ids [M, k] or None)."""
         if not hasattr(mlp, "experts"):
-            gate = self._linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = self._linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-            return self._linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias), None
+            gate = self._linear(h, linear_weight(mlp.gate_proj), mlp.gate_proj.bias)
+            up = self._linear(h, linear_weight(mlp.up_proj), mlp.up_proj.bias)
+            return self._linear(mlp.act_fn(gate) * up, linear_weight(mlp.down_proj), mlp.down_proj.bias), None
         gate, experts = mlp.gate, mlp.experts
         router_logits = self._linear(h, gate.weight)  # [M, E]
         probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
@@ -214,7 +218,7 @@ class DecoderRunner:
         attn = layer.self_attn
         h = rms_norm(x, layer.input_layernorm.weight, self.eps)
         q, k, v = self.qkv(attn, h, cos, sin)
-        x = x + self._linear(attend(q, k, v), attn.o_proj.weight, attn.o_proj.bias)
+        x = x + self._linear(attend(q, k, v), linear_weight(attn.o_proj), attn.o_proj.bias)
         h, extra = (mlp or self.mlp_block)(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
         return x + h, extra
 
@@ -237,8 +241,8 @@ class DecoderRunner:
         routed = []
         for li, layer in enumerate(self.layers):
             def attend(q, k, v, li=li):  # into the cache, then over it (batch-invariant: whole key tiles)
-                cache.k[li, :, start:n] = k.transpose(0, 1)
-                cache.v[li, :, start:n] = v.transpose(0, 1)
+                cache.k[li, :, start:n] = self.kv_pool.quantize(k.transpose(0, 1))
+                cache.v[li, :, start:n] = self.kv_pool.quantize(v.transpose(0, 1))
                 if self.batch_invariant:
                     return bi_attention.prefill_attention(q, cache.k[li], cache.v[li], self.scaling)  # [T, H*hd]
                 o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], cache.k[li, :, :n][None],

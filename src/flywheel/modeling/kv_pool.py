@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.modeling.attention import ATTN_TILE, decode_attention, key_span, round_up
+from flywheel.modeling.quant import fake_quant_kv
 
 MIN_SLOTS = 8  # first pool size; doubles when full
 
@@ -61,7 +62,9 @@ class KVPool:
     """Growable pooled KV storage for the batch-invariant engine (see the module docstring)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device,
-                 max_capacity: int | None = None):
+                 max_capacity: int | None = None, kv_dtype: str = "bf16"):
+        fake_quant_kv(torch.zeros(1), kv_dtype)  # an unknown format fails here, not at the first write
+        self.kv_dtype = kv_dtype  # inference.kv_dtype: K and V fake-quantized as they are written (modeling/quant.py)
         self.shape_tail = (num_kv_heads, head_dim)
         self.num_layers, self.dtype, self.device = num_layers, dtype, torch.device(device)
         self.max_capacity = None if max_capacity is None else round_up(max_capacity, ATTN_TILE)
@@ -70,6 +73,10 @@ class KVPool:
         self._free: list[int] = []  # heap of free slot indices below num_slots
         self._num_live = 0
         self._lock = threading.Lock()  # slots may be released from another thread (garbage collection)
+
+    def quantize(self, t: torch.Tensor) -> torch.Tensor:
+        """Keys or values [..., head_dim] as the cache stores them (`kv_dtype`; bf16 = as given)."""
+        return t if self.kv_dtype == "bf16" else fake_quant_kv(t, self.kv_dtype)
 
     @property
     def num_slots(self) -> int:
@@ -169,8 +176,8 @@ class DecodeStep:
         slots not in the step; the range's keys and values up to the longest row's span), views of the pool."""
         pool_k, pool_v = self.pool.storage()
         pk, pv = pool_k[layer], pool_v[layer]  # [num_slots, KV, capacity, hd]
-        pk[self.slots_t, :, self.positions_t] = k
-        pv[self.slots_t, :, self.positions_t] = v
+        pk[self.slots_t, :, self.positions_t] = self.pool.quantize(k)
+        pv[self.slots_t, :, self.positions_t] = self.pool.quantize(v)
         lo, hi, span = self.lo, self.hi, self.span
         if self.rows is not None:
             q = q.new_zeros(hi - lo, *q.shape[1:]).index_copy_(0, self.rows, q)

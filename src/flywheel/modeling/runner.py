@@ -41,14 +41,17 @@ class Runner(Protocol):
         ...
 
 
-def runner_for(model, max_seq_len: int, batch_invariant: bool = False) -> Runner:
+def runner_for(model, max_seq_len: int, batch_invariant: bool = False, kv_dtype: str = "bf16") -> Runner:
     """The native runner when the model's family is in the registry, else the HF fallback (logged).
     `batch_invariant` needs the native runner: the fallback's kernels are not the trainer's exact path."""
     family, why_not = native_family(model, max_seq_len)
     if family is not None:
-        return DecoderRunner(model, max_seq_len, batch_invariant)
+        return DecoderRunner(model, max_seq_len, batch_invariant, kv_dtype=kv_dtype)
     if batch_invariant:
         raise ValueError(f"numerics.batch_invariant needs the native runner, which does not cover this model "
                          f"({why_not}): set numerics.batch_invariant = false")
+    if kv_dtype != "bf16":
+        raise ValueError(f"inference.kv_dtype = '{kv_dtype}' needs the native runner, which does not cover this "
+                         f"model ({why_not}): set inference.kv_dtype = 'bf16'")
     log.warning("inference: the HF forward, one sequence at a time, for this model (%s)", why_not)
     return HFRunner(model, max_seq_len)

@@ -90,7 +90,8 @@ class TrainerService:
             self.publisher = Publisher.from_config(store, cfg.weights)
         empty = store.latest_version() is None if main else None
         if (group.broadcast_object(empty) if group is not None else empty):
-            self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish())
+            self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish(),
+                                   adapter=self.trainer.publish_meta())
             self.publisher.flush()
 
     def info(self) -> dict:
@@ -112,7 +113,8 @@ class TrainerService:
 
     def publish(self) -> None:
         """Publish the current version (encoding runs on the publisher's thread)."""
-        self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish())
+        self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish(),
+                               adapter=self.trainer.publish_meta())  # a LoRA run: the adapter and its marker
 
     def publisher_metrics(self) -> list[dict]:
         return self.publisher.metrics[-1:]

@@ -44,6 +44,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from flywheel.config import TrainerConfig
 from flywheel.modeling.batch_invariant import LAYER_METHOD, MODEL_METHOD
+from flywheel.trainer.lora import apply_lora
 
 MESH_DIMS = ("dp_shard",)  # tensor and expert parallel would add dimensions here (config.MeshConfig)
 
@@ -146,6 +147,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def shard_model(model: torch.nn.Module, group: RankGroup, cfg: TrainerConfig) -> torch.nn.Module:
     """FSDP2 over `group.mesh`: each decoder layer, then the root (embedding, final norm, tied head).
     The model must be on the CPU (or its device) with identical weights on every rank; returns it, sharded."""
+    if cfg.lora.rank > 0:  # adapters before sharding: FSDP then shards the frozen base and the adapters together
+        apply_lora(model, cfg.lora, cfg.seed)
     if cfg.activation_checkpointing:  # before sharding: recompute wraps each layer call in torch.utils.checkpoint
         model.gradient_checkpointing_enable(  # type: ignore[operator]  # a transformers PreTrainedModel
             gradient_checkpointing_kwargs={"use_reentrant": False})

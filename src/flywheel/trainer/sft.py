@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
+from flywheel.config import LoraConfig
 from flywheel.policy.logprobs import logprobs_from_logits
+from flywheel.trainer.lora import apply_lora, merge_and_unload
 from flywheel.trainer.train import pack_micro_batches
 
 
@@ -46,6 +48,7 @@ class SFTParams:
     dtype: str = "float32"  # "bfloat16" = autocast over fp32 weights
     seed: int = 0
     pad_token_id: int = 0
+    lora: LoraConfig | None = None  # trainer.lora with rank > 0: train adapters only, then fold them into the model
 
     def check(self) -> None:
         if not (self.lr > 0 and self.batch_tokens >= 2 and self.num_epochs >= 0 and self.num_steps >= 0):
@@ -118,6 +121,9 @@ def sft_train(model: torch.nn.Module, examples: Sequence[tuple[Sequence[int], Se
     """Train `model` in place; returns {initial_loss, final_loss, num_steps, num_tokens, tokens_per_s, ...}.
 
     `progress(step, num_steps, metrics)` is called after every optimizer step (1-based step).
+
+    With `params.lora` (rank > 0) only low-rank adapters train (trainer/lora.py) and are folded into the weights at
+    the end (W0 + scale * B @ A, the engine's formula), so the caller gets a plain model back, as without LoRA.
     """
     p = params or SFTParams()
     p.check()
@@ -126,6 +132,10 @@ def sft_train(model: torch.nn.Module, examples: Sequence[tuple[Sequence[int], Se
     gen = torch.Generator().manual_seed(p.seed)
     batches_per_epoch = len(pack_micro_batches([len(examples[i][0]) for i in usable], p.batch_tokens))
     num_steps = p.num_steps or p.num_epochs * batches_per_epoch
+    use_lora = p.lora is not None and p.lora.rank > 0
+    if use_lora:
+        assert p.lora is not None
+        apply_lora(model, p.lora)
     params_ = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.AdamW(params_, lr=p.lr, betas=(p.betas[0], p.betas[1]), weight_decay=p.weight_decay)
     max_norm = p.grad_clip if p.grad_clip > 0 else float("inf")
@@ -153,6 +163,8 @@ def sft_train(model: torch.nn.Module, examples: Sequence[tuple[Sequence[int], Se
             progress(step + 1, num_steps, {"loss": losses[-1], "lr": opt.param_groups[0]["lr"],
                                            "grad_norm": grad_norm})
     model.eval()
+    if use_lora:
+        merge_and_unload(model)
     elapsed = time.perf_counter() - t0
     k = max(1, min(10, len(losses) // 10))  # smooth the end over up to 10 steps
     return {
@@ -163,4 +175,5 @@ def sft_train(model: torch.nn.Module, examples: Sequence[tuple[Sequence[int], Se
         "num_loss_tokens": float(num_loss_tokens),
         "train_time_s": elapsed,
         "tokens_per_s": num_tokens / max(elapsed, 1e-9),
+        "num_trained_params": float(sum(q.numel() for q in params_)),
     }

@@ -42,6 +42,11 @@ tokens, each rank recomputes the old log-probs of its own and a sum over ranks f
 weights and denominators are global as above; gradients are summed over ranks by FSDP's reduce-scatter.
 Checkpoints are then sharded (trainer/sharded_checkpoint.py, torch.distributed.checkpoint).
 
+LoRA (`trainer.lora.rank > 0`, trainer/lora.py): peft adapters are injected into the model (before FSDP when
+sharded: distributed.shard_model), the optimizer holds only them, checkpoints hold only them, and
+`state_dict_for_publish()` is the adapter, published with `publish_meta()` as the manifest's marker. In
+batch-invariant mode each adapted linear is read merged (modeling/lora.py), as the engine serves it.
+
 Routed experts: `Segment.routed_experts[i]` is taken as the routing of the forward that produced token
 i, i.e. of input position i-1 (what an engine records at the decode step that samples token i); it is
 replayed at that position. Positions without a record use the trainer's own routing.
@@ -61,16 +66,19 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from flywheel.config import TrainerConfig
+from flywheel.config.base import ConfigError
 from flywheel.modeling.batch_invariant import BatchInvariantForward, check_model
 from flywheel.policy.logprobs import entropy_from_logits, logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
+from flywheel.trainer import lora
 from flywheel.trainer import sharded_checkpoint as sckpt
 from flywheel.trainer.advantages import compute_advantages, weight_negatives
 from flywheel.trainer.distributed import RankGroup, assign_micro_batches, local_state_bytes, loss_scale, register_batch_invariant
 from flywheel.trainer.losses import aggregation_weights, correction_weights, objective_options, policy_loss
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.trainer.packing import pack_by_tokens, packed_layout
+from flywheel.trainer.precision import apply_matmul_precision
 from flywheel.trainer.replay import moe_routers, router_replay
 from flywheel.trainer.schedule import warmup_factor
 from flywheel.types import Trajectory
@@ -172,8 +180,20 @@ class Trainer:
             if cfg.activation_checkpointing:
                 log.warning("trainer.activation_checkpointing has no effect with numerics.batch_invariant: the "
                             "batch-invariant forward does not go through the HF layer call it wraps")
+        self.lora = cfg.lora if cfg.lora.rank > 0 else None  # trainer.lora: only the adapters train (trainer/lora.py)
+        self._base_digest: str | None = None
+        if self.lora is not None:
+            if self.batch_invariant and self.lora.dropout > 0:
+                raise ConfigError("numerics.batch_invariant reads each adapter merged into its weight, where dropout "
+                                  "cannot apply; set trainer.lora.dropout = 0 or numerics.batch_invariant = false")
+            if not lora.has_lora(model):
+                if group is not None:
+                    raise ValueError("a sharded model must get its adapters before FSDP wraps it; build it with "
+                                     "distributed.shard_model(model, group, cfg.trainer), which applies trainer.lora")
+                lora.apply_lora(model, self.lora, cfg.seed)
+        apply_matmul_precision(model, cfg.matmul_precision, self.batch_invariant)  # fp8 forward (trainer/precision.py)
         self.device = next(model.parameters()).device
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters only
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                                            weight_decay=cfg.weight_decay)
         self.version = 0
@@ -473,8 +493,28 @@ class Trainer:
     # ------------------------------------------------------------------ weights and checkpoints
 
     def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
-        """A detached copy of every state-dict tensor (the model's names), safe to hand to another thread."""
+        """A detached copy of every state-dict tensor (the model's names), safe to hand to another thread. With
+        trainer.lora: the adapter only (`<module>.lora_A` / `.lora_B`, trainer/lora.py); publish it with
+        `publish_meta()` as the manifest's adapter marker."""
+        if self.lora is not None:
+            return lora.adapter_tensors(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def publish_meta(self) -> dict[str, Any] | None:
+        """With trainer.lora, the adapter marker for `Publisher.publish(..., adapter=...)` (rank, scale, the digest
+        of the base weights it belongs to); None for full weights."""
+        if self.lora is None:
+            return None
+        if self._base_digest is None:  # the base is frozen: one pass over its bytes for the whole run
+            self._base_digest = lora.base_digest(self.model)
+        return lora.adapter_meta(self.model, self.lora, self._base_digest)
+
+    def _checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The model tensors a checkpoint holds: all of them, or with LoRA only the adapter (the base is the
+        run's base model directory, unchanged)."""
+        if self.lora is not None:
+            return {k: p.detach().clone() for k, p in lora.adapter_parameters(self.model).items()}
+        return self.state_dict_for_publish()
 
     def checkpoint_due(self) -> bool:
         """True after a step that ends a `checkpoint_every` period (and the trainer has a run_dir)."""
@@ -498,7 +538,7 @@ class Trainer:
                 ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
             self.group.barrier()
             return path
-        path = ckpt.write_checkpoint(self.checkpoint_dir, self.version, self.state_dict_for_publish(),
+        path = ckpt.write_checkpoint(self.checkpoint_dir, self.version, self._checkpoint_tensors(),
                                      self.optimizer.state_dict(),
                                      trainer_state=trainer_state, extra_state=extra_state)
         ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
@@ -519,10 +559,18 @@ class Trainer:
             self.version = int(state["version"])
             return state["extra"]
         fit = "; build the model with the run's config"
+        has_adapter = any(".lora_A." in k for k in state["model"])
+        if has_adapter != (self.lora is not None):
+            what = "a LoRA adapter" if has_adapter else "full weights"
+            raise ValueError(f"checkpoint '{path}' holds {what} but this trainer has trainer.lora.rank = "
+                             f"{self.cfg.lora.rank}; resume with the run's trainer.lora")
         try:
             missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
         except RuntimeError as err:  # shape mismatches
             raise ValueError(f"checkpoint '{path}' does not fit this model: {str(err)[:300]}{fit}") from None
+        if self.lora is not None:  # an adapter checkpoint: every adapter tensor present, the base left as built
+            adapter = set(lora.adapter_parameters(self.model))
+            missing = [k for k in missing if k in adapter]
         if missing or unexpected:
             raise ValueError(f"checkpoint '{path}' does not fit this model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}{fit}")

@@ -217,9 +217,12 @@ class ShardedPublisher:
 
     # ------------------------------------------------------------------ publish
 
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> dict:
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor],
+                adapter: Mapping[str, Any] | None = None) -> dict:
         """Encode and store this rank's chunks of `version`; rank 0 writes the manifest. Returns the metrics
-        (the same on every rank). A collective: every rank calls it with its own shards."""
+        (the same on every rank). A collective: every rank calls it with its own shards. `adapter`: the LoRA marker
+        (`Trainer.publish_meta()`, as for `Publisher.publish`); a LoRA run's adapter tensors are whole on every rank
+        and spread round-robin like any replicated tensor."""
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         if self._last_requested is not None and version <= self._last_requested:
@@ -265,7 +268,8 @@ class ShardedPublisher:
         if self.group.is_main:
             assert gathered is not None, "the main rank receives every rank's records"
             try:
-                result = self._write_manifest(version, anchor, compatible, layouts, gathered)
+                result = self._write_manifest(version, anchor, compatible, layouts, gathered,
+                                              dict(adapter) if adapter else None)
                 result.update(snapshot_ms=snapshot_ms, publish_ms=(time.perf_counter() - t0) * 1e3)
             except Exception as err:  # told to every rank, so none is left waiting
                 result = f"{type(err).__name__}: {err}"
@@ -280,7 +284,7 @@ class ShardedPublisher:
         return result
 
     def _write_manifest(self, version: int, anchor: bool, compatible: bool, layouts: dict[str, _Layout],
-                        gathered: list[dict]) -> dict:
+                        gathered: list[dict], adapter: dict | None = None) -> dict:
         t0 = time.perf_counter()
         records: dict[tuple[str, int], dict] = {}
         for g in gathered:
@@ -305,6 +309,8 @@ class ShardedPublisher:
         manifest = {"format": MANIFEST_FORMAT, "version": version, "anchor": anchor,
                     "base": self._prev_version if compatible else None, "created_s": time.time(),
                     "raw_bytes": raw_bytes, "full_bytes": full_bytes, "delta_bytes": delta_bytes, "tensors": tensors}
+        if adapter is not None:
+            manifest["adapter"] = adapter
         self.store.write_manifest(manifest)
         gc = self.store.gc(self.keep_versions, self.gc_min_age_s) if self.keep_versions else None
         published = full_bytes + delta_bytes

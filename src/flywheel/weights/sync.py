@@ -113,8 +113,11 @@ class Publisher:
         return cls(store, cfg.anchor_every, chunk_mb=cfg.chunk_mb, zstd_level=cfg.zstd_level,
                    num_threads=cfg.num_threads, keep_versions=cfg.keep_versions, **kwargs)
 
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Future:
-        """Snapshot `state_dict` now and publish it as `version` in the background."""
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor],
+                adapter: Mapping[str, Any] | None = None) -> Future:
+        """Snapshot `state_dict` now and publish it as `version` in the background. `adapter`: the tensors are a
+        LoRA adapter, not the model (`Trainer.publish_meta()`: rank, scale, the digest of the base weights); the
+        manifest carries it and subscribers install the version with `engine.update_adapter`."""
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         if self._last_requested is not None and version <= self._last_requested:
@@ -132,12 +135,12 @@ class Publisher:
         snapshot_ms = (time.perf_counter() - t0) * 1e3
         self._last_requested = version
         self._slots.acquire()
-        fut = self._worker.submit(self._publish, version, snap, snapshot_ms)
+        fut = self._worker.submit(self._publish, version, snap, snapshot_ms, dict(adapter) if adapter else None)
         fut.add_done_callback(lambda _: self._slots.release())
         self._pending = [f for f in self._pending if not f.done()] + [fut]
         return fut
 
-    def _publish(self, version: int, snap: dict, snapshot_ms: float) -> dict:
+    def _publish(self, version: int, snap: dict, snapshot_ms: float, adapter: dict | None = None) -> dict:
         t0 = time.perf_counter()
         prev = self._prev or {}
         compatible = self._prev is not None and set(prev) == set(snap) and all(
@@ -171,6 +174,8 @@ class Publisher:
                     "base": self._prev_version if compatible else None, "created_s": time.time(),
                     "raw_bytes": raw_bytes, "full_bytes": full_bytes, "delta_bytes": delta_bytes,
                     "tensors": tensors}
+        if adapter is not None:
+            manifest["adapter"] = adapter
         self.store.write_manifest(manifest)
         write_ms = (time.perf_counter() - t1) * 1e3
         self._prev, self._prev_version = snap, version
@@ -180,6 +185,7 @@ class Publisher:
         published = delta_bytes + full_bytes
         num_elements = sum(b.shape[0] for b, _, _ in snap.values())
         m = {"version": version, "anchor": anchor, "base": manifest["base"], "bytes_published": published,
+             "adapter": adapter is not None,
              "raw_bytes": raw_bytes, "ratio": published / max(raw_bytes, 1),
              "delta_ratio": delta_bytes / max(raw_bytes, 1) if compatible else None,
              "changed_fraction": num_changed / max(num_elements, 1) if compatible else None,
@@ -371,12 +377,19 @@ class Subscriber:
                     continue
                 tensors = {k: from_bits(b, dt, shape) for k, (b, dt, shape) in state.items()}
                 pause_ms = 0.0
+                final = steps[-1][0]
+                adapter = final.get("adapter")
                 if self.engine is not None:
                     try:
-                        pause_ms = float(self.engine.update_weights(v, tensors) or 0.0)
+                        if adapter is not None:
+                            pause_ms = self._install_adapter(v, tensors, final)
+                        else:
+                            pause_ms = float(self.engine.update_weights(v, tensors) or 0.0)
                     except ValueError as err:
                         self.last_error = err
                         log.warning("engine refused weights v%s: %s", v, err)
+                        if isinstance(err, IntegrityError):
+                            raise
                         return None
                 m = {"version": v, "from_version": self.version, "path": kind, "fallback": i > 0,
                      "num_steps": len(steps), "planned_bytes": cost, **stats, "pause_ms": pause_ms,
@@ -389,6 +402,27 @@ class Subscriber:
             self.last_error = StoreError(f"could not install weights v{v}: " + ("; ".join(errors) or "no route"))
             self._manifests.clear()
             return None
+
+    def _install_adapter(self, v: int, tensors: dict[str, torch.Tensor], manifest: dict) -> float:
+        """Hand a LoRA adapter version to the engine (which merges it into its pristine base weights), then check
+        that the adapter it now serves hashes to the trainer's: an engine that did not take the update raises
+        IntegrityError instead of serving a stale policy. Returns the engine's pause in ms."""
+        update = getattr(self.engine, "update_adapter", None)
+        if update is None:
+            raise ValueError(f"version {v} is a LoRA adapter, and {type(self.engine).__name__} cannot apply adapters "
+                             "(no update_adapter); use the local engine or train without trainer.lora")
+        pause_ms = float(update(v, tensors, manifest["adapter"]) or 0.0)
+        served = self.engine.served_adapter()
+        entries = manifest["tensors"]
+        if set(served) != set(entries):
+            raise IntegrityError(f"version {v}: the engine serves adapter tensors {sorted(served)[:3]}…, the trainer "
+                                 f"published {sorted(entries)[:3]}…")
+        bad = [n for n, t in served.items() if manifest_hash(to_bits(t.detach().cpu()), entries[n],
+                                                              manifest["format"]) != entries[n]["hash"]]
+        if bad:
+            raise IntegrityError(f"version {v}: the engine's adapter differs from the trainer's in {len(bad)} tensors "
+                                 f"({bad[:3]}): it did not take the update")
+        return pause_ms
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -17,7 +17,7 @@ computed where the bytes are (weights/sharded.py) and give the same hash as an u
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 
 import numpy as np
@@ -81,6 +81,16 @@ def tensor_hash(bits: np.ndarray, chunk_elems: int) -> str:
     """Manifest format 2: sha256 over the leaf digests of the `chunk_elems` ranges (see the module docstring)."""
     ranges = chunk_ranges(bits.shape[0], bits.dtype.itemsize, chunk_elems * bits.dtype.itemsize)
     return combine_digests([range_digest(bits[s:e]) for s, e in ranges])
+
+
+def state_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """One sha256 over a whole state dict: names in sorted order, each with its dtype, shape and `bits_hash`.
+    A LoRA adapter's manifest names its base weights by this digest (trainer/lora.py, inference/local.py)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}\0{dtype_name(t.dtype)}\0{list(t.shape)}\0{bits_hash(to_bits(t))}\n".encode())
+    return h.hexdigest()
 
 
 def manifest_hash(bits: np.ndarray, entry: dict, manifest_format: int) -> str:
