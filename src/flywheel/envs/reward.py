@@ -355,6 +355,23 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
         components, status, notes = suite_test_results(task, workspace, cfg, kind, changes=changes)
         if components.get("verdict_forged"):
             flags.append("verdict_forged")
+        if components.get("untwinned") and not components.get("no_twin"):
+            # Some FAIL_TO_PASS tests have no twin: their runs' report is all there is. The guarded in-process run
+            # (a heuristic: the code under test can reach it) must agree too, so it can only take credit away.
+            g_comps, g_report, g_notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity,
+                                                             changes=changes)
+            guarded = statuses_of(test_ids, g_report)
+            status = {tid: st if guarded.get(tid) == "passed" else guarded.get(tid, "missing")
+                      for tid, st in status.items()}
+            components["guarded_untwinned"] = 1.0
+            notes += g_notes
+            for key in ("runner_tampered", "always_equal_seen"):
+                if g_comps.get(key):
+                    components[key] = 1.0
+            if g_comps.get("runner_tampered"):
+                flags.append("runner_tampered")
+            if g_comps.get("always_equal_seen") and "always_equal" not in flags:
+                flags.append("always_equal")
     if run_tests and not by_data and (not by_suite or components.get("no_twin")):
         # no data form of these tests and no twin to check their report against: the runner's report, guarded
         untwinned = components.get("untwinned")
