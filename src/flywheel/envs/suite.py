@@ -13,9 +13,12 @@ the right answer cannot make only the real one pass.
   autoload off, no cache provider. No config file of the agent's is ever read.
 * Twin runs (envs/twins.py): for up to `env.max_twins` FAIL_TO_PASS tests, chosen at grading time, a run with the
   same command, file names and node ids where that one test has one expected literal changed. A correct fix fails
-  that test in its twin run. With two twins or more, the twin runs are all the runs: every other test is as it is
-  in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed" only
-  if it passed in each of them). With one twin, one more run keeps every test as it is.
+  that test in its twin run. A parametrized test's twin changes its row of the table instead (envs/param_twins.py):
+  it reports under the row's new id, every run selects such a function whole, and the tests that read that table
+  take no status from the twin run. With two twins or more, the twin runs are all the runs: every other test is as
+  it is in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed"
+  only if it passed in each of them). A test that no run keeps as it is (a lone twin's, or one reading a table
+  every twin changed) gets one more run that keeps every test as it is.
 * A test's status in a run is what the run's report says when the interpreter exits 0 or 1 (any other status, a
   timeout or a missing entry fails it). A test that passes in its twin run is `verdict_forged`: no test credit,
   the flag raised, whatever the other runs say. That is every way of passing without computing the right answer:
@@ -27,26 +30,28 @@ the right answer cannot make only the real one pass.
 * PASS_TO_PASS tests are in every run when there are at most `SMALL_SUITE` of them; a larger set (a mined task
   has hundreds) runs once, in its own fresh interpreter, and the twin runs hold only the FAIL_TO_PASS tests.
 
-What it does not cover (docs/integrity.md): a FAIL_TO_PASS test with no qualifying literal has no twin
+What it does not cover (docs/integrity.md): a FAIL_TO_PASS test with no qualifying literal or row has no twin
 (`components["untwinned"]` counts them), nor do those past `env.max_twins` in a grading (a run that forges a few
 of many tests is caught only when one of them is drawn); PASS_TO_PASS tests have no twins; a twin is as hidden
 as its new value is plausible. Cost: max(2, twins) (+1 for a large PASS_TO_PASS set) interpreters,
 `env.grade_parallel` at a time.
-Tests: tests/unit/test_suite.py, tests/redteam/.
+Tests: tests/unit/test_suite.py, tests/unit/test_param_twins.py, tests/redteam/.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import re
 import shlex
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from flywheel.config import EnvConfig
-from flywheel.envs import twins
+from flywheel.envs import param_twins, twins
 from flywheel.envs.junit import junit_key, parse_junit
 from flywheel.envs.startup import pytest_config_names
 from flywheel.sandbox.forked import ForkedRun, forked_available, overwrite, run_forked
@@ -64,11 +69,29 @@ SMALL_SUITE = 32  # PASS_TO_PASS tests up to this many go into every run
 
 @dataclass
 class Run:
-    """One interpreter: the node ids it selects, the files written over the tree first, the twin it checks."""
+    """One interpreter: the node ids it reports on, the files written over the tree first, the twin it checks."""
 
     ids: list[str]
     files: dict[str, str] = field(default_factory=dict)
     twin_of: str | None = None  # the FAIL_TO_PASS test whose expected literal this run changed
+    twin_id: str | None = None  # the node id its twin reports under (a table row's new id; else `twin_of`)
+    ignore: frozenset[str] = frozenset()  # tests that read the table the twin changed: no status from this run
+    select: list[str] | None = None  # what the runner is asked to collect (None: `ids`)
+
+    @property
+    def reads(self) -> list[str]:
+        """The node ids read from the run's report."""
+        twin = self.twin_id or self.twin_of
+        return self.ids + [twin] if twin is not None and twin not in self.ids else self.ids
+
+
+@dataclass(frozen=True)
+class _Twin:
+    tid: str
+    path: str
+    source: str  # the test file with the twin written in
+    twin_id: str
+    ignore: frozenset[str]
 
 
 def runs_pytest(command: str) -> bool:
@@ -110,27 +133,62 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
     together = len(p2p) <= SMALL_SUITE
     ids = f2p + p2p if together else f2p
     sources: dict[str, str] = {}
-    twinned: list[tuple[str, str, str]] = []  # (test id, its file, the file with the test's twin)
-    for tid in f2p:
-        path, classes, name = node_parts(tid)
+
+    def source(path: str) -> str:
         if path not in sources:
             try:
                 sources[path] = (base / path).read_bytes().decode("utf-8")  # as it is: no newline translation
             except (OSError, UnicodeDecodeError):
                 sources[path] = ""
-        twin = twins.twin_source(sources[path], tuple(classes), name, rng) if sources[path] else None
+        return sources[path]
+
+    twinned: list[_Twin] = []
+    for tid in f2p:
+        path, classes, name = node_parts(tid)
+        text = source(path)
+        twin = twins.twin_source(text, tuple(classes), name, rng) if text else None
         if twin is not None:
-            twinned.append((tid, path, twin))
+            twinned.append(_Twin(tid, path, twin, tid, frozenset()))
+            continue
+        table = param_twins.param_twin(text, tuple(classes), name, rng) if text else None
+        if table is not None:
+            twinned.append(_Twin(tid, path, table.source, f"{tid.partition('[')[0]}[{table.twin_row}]",
+                                 _readers(ids, path, table, source)))
     chosen = rng.sample(twinned, min(max_twins, len(twinned)))
     # Every run writes the same files (the originals, or a twin in its own run): a rewritten file differs from an
     # untouched one in ways a run can see (its inode, its layer), so no run may be the only one to rewrite it.
-    same = {path: sources[path] for _, path, _ in chosen}
-    runs = [Run(ids, {**same, path: twin}, tid) for tid, path, twin in chosen]
-    if len(runs) < 2:  # a lone twin run has no run where its test is untouched: add one with no twin
-        runs.insert(0, Run(ids, dict(same)))
+    same = {t.path: sources[t.path] for t in chosen}
+    runs = [Run(ids, {**same, t.path: t.source}, t.tid, t.twin_id, t.ignore) for t in chosen]
+    if not runs or any(all(tid == r.twin_of or tid in r.ignore for r in runs) for tid in ids):
+        runs.insert(0, Run(ids, dict(same)))  # a test no run keeps as it is (a lone twin's): one run with no twin
     if not together:
         runs.append(Run(p2p, dict(same)))
+    # A changed table row reports under a new id, so a node id of that function would be "not found" in the twin
+    # run: every run selects such a function whole (the same arguments in every run) and reads the ids it wants.
+    whole = {tid.partition("[")[0] for t in chosen for tid in (t.ignore | {t.tid}) if "[" in tid}
+    for run in runs:
+        if whole:
+            run.select = list(dict.fromkeys(tid.partition("[")[0] if tid.partition("[")[0] in whole else tid
+                                            for tid in run.ids))
     return runs, len(f2p) - len(twinned)
+
+
+def _readers(ids: list[str], path: str, table: param_twins.ParamTwin, source: Callable[[str], str],
+             ) -> frozenset[str]:
+    """The tests among `ids` that see the row `table` changes: the row's own test in each function whose one
+    parametrize table it is, every test of the file's other functions that name it, and every test of another
+    file whose source names it (an import of the table)."""
+    out = set()
+    for tid in ids:
+        p, classes, name = node_parts(tid)
+        if p == path:
+            base, _, rest = name.partition("[")
+            key = (tuple(classes), base)
+            if key in table.readers or (key in table.row_readers and rest == f"{table.row}]"):
+                out.add(tid)
+        elif table.table is not None and re.search(rf"\b{re.escape(table.table)}\b", source(p)):
+            out.add(tid)
+    return frozenset(out)
 
 
 def twinnable(task: Task, base: Path) -> bool:
@@ -144,7 +202,8 @@ def runner_args(task: Task, run: Run, inner_workspace: str, junit: str) -> list[
     """The grader's runner configuration and selection, after the task's own command: exactly `run.ids`."""
     config = runner_config(task, [file_of_test(t) for t in run.ids])
     ini = f"{inner_workspace}/{config}" if config else "/dev/null"
-    return ["-p", "no:cacheprovider", "-c", ini, f"--rootdir={inner_workspace}", f"--junitxml={junit}", *run.ids]
+    return ["-p", "no:cacheprovider", "-c", ini, f"--rootdir={inner_workspace}", f"--junitxml={junit}",
+            *(run.ids if run.select is None else run.select)]
 
 
 def command_of(task: Task, run: Run, inner_workspace: str, junit: str) -> str:
@@ -184,8 +243,8 @@ def _one(task: Task, run: Run, base: Path, cfg: EnvConfig, kind: str, env_dir: P
             except ValueError:
                 report = {}
     if res.timed_out or res.returncode not in (0, 1):
-        return {tid: "error" for tid in run.ids}, res.timed_out
-    return {tid: report.get(junit_key(tid), "missing") for tid in run.ids}, False
+        return {tid: "error" for tid in run.reads}, res.timed_out
+    return {tid: report.get(junit_key(tid), "missing") for tid in run.reads}, False
 
 
 def _separate(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, kind: str, env_dir: Path | None,
@@ -216,13 +275,13 @@ def _forked(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, form: tuple
     out = []
     for run, res in zip(runs, results):
         if res.timed_out or res.returncode not in (0, 1):
-            out.append(({tid: "error" for tid in run.ids}, res.timed_out))
+            out.append(({tid: "error" for tid in run.reads}, res.timed_out))
             continue
         try:
             report = parse_junit(res.text) if res.text is not None else {}
         except ValueError:
             report = {}
-        out.append(({tid: report.get(junit_key(tid), "missing") for tid in run.ids}, False))
+        out.append(({tid: report.get(junit_key(tid), "missing") for tid in run.reads}, False))
     return out
 
 
@@ -251,10 +310,10 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
     for run, (out, timed_out) in zip(runs, results):
         if timed_out:
             components["timed_out"] = 1.0
-        for tid, st in out.items():
-            if tid != run.twin_of and status.get(tid, "passed") == "passed":
-                status[tid] = st  # passed only where it passed in every run that kept it as it is
-        if run.twin_of is not None and out[run.twin_of] == "passed":  # whatever the other runs say: module doc
+        for tid in run.ids:
+            if tid != run.twin_of and tid not in run.ignore and status.get(tid, "passed") == "passed":
+                status[tid] = out[tid]  # passed only where it passed in every run that kept it as it is
+        if run.twin_of is not None and out[run.twin_id or run.twin_of] == "passed":  # whatever the others say
             forged.append(run.twin_of)
     if forged:
         components["verdict_forged"] = 1.0

@@ -17,7 +17,13 @@ Which literals qualify, so that a correct fix always fails the twin:
   `yield`: if the real test passes, that statement ran, so the compared value equalled the original literal and
   so differs from the changed one (builtin equality; an operand with a tolerant `__eq__`, such as
   `pytest.approx(x) == 0.5`, still fails: the change is larger than any tolerance it uses);
-* a literal that `ast.literal_eval` reads: numbers, strings, bytes, booleans, and containers of them.
+* a literal that `ast.literal_eval` reads: numbers, strings, bytes, booleans, and containers of them;
+* a statement inside `with self.subTest(...)` counts as one at the top level (a failure there is recorded, the test
+  goes on and then fails);
+* a loop table (`for args, expected in [((1, 6), 3), ...]:` at the top level, over a literal list or tuple, whose
+  body cannot leave an iteration early): the `expected` of any row that is a literal without floats, when the
+  body's first equality compares that loop name, read nowhere before and assigned nowhere in the body, with
+  something it is absent from. Every row runs, so a correct fix fails the changed one.
 
 How a literal changes: one letter or digit of its source text becomes another of the same kind (lower, upper,
 digit; never only the case, and a digit by at least 2, so an off-by-one answer is not the twin's), so the
@@ -31,6 +37,7 @@ from __future__ import annotations
 import ast
 import random
 import string
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _ASSERT_EQUAL = {"assertEqual", "assertEquals"}
@@ -45,7 +52,7 @@ class Literal:
     text: str
 
 
-def _function(tree: ast.Module, classes: tuple[str, ...], name: str) -> ast.FunctionDef | None:
+def function_def(tree: ast.Module, classes: tuple[str, ...], name: str) -> ast.FunctionDef | None:
     body: list[ast.stmt] = tree.body
     for cls in classes:
         found = [n for n in body if isinstance(n, ast.ClassDef) and n.name == cls]
@@ -56,7 +63,7 @@ def _function(tree: ast.Module, classes: tuple[str, ...], name: str) -> ast.Func
     return funcs[-1] if funcs else None  # type: ignore[return-value]
 
 
-def _may_leave(stmt: ast.stmt) -> bool:
+def may_leave(stmt: ast.stmt) -> bool:
     """Can the statement end the function early (a return or yield anywhere in it, nested functions aside)?"""
     todo: list[ast.AST] = [stmt]
     while todo:
@@ -77,7 +84,7 @@ def _is_literal(node: ast.expr) -> bool:
     return type(value) in _TYPES
 
 
-def _compared(stmt: ast.stmt) -> list[ast.expr]:
+def compared(stmt: ast.stmt) -> list[ast.expr]:
     """The two sides of a top-level `assert a == b` or `self.assertEqual(a, b)`, else []."""
     if isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare):
         cmp = stmt.test
@@ -94,7 +101,7 @@ def _expected_sides(stmt: ast.stmt, bound: dict[str, ast.expr], uses: dict[str, 
     """The literal to change for one statement: a literal side of its equality, or the literal a side's name was
     bound to (`expected = 600` ... `assert area(20, 30) == expected`) when that name is used nowhere else in the
     test (so changing it changes only what the test expects)."""
-    sides = _compared(stmt)
+    sides = compared(stmt)
     direct = [side for side in sides if _is_literal(side)]
     if direct:
         return direct[:1]
@@ -111,7 +118,76 @@ def _bound_literal(stmt: ast.stmt) -> tuple[str, ast.expr] | None:
     return None
 
 
-def _offsets(source: bytes) -> list[int]:
+def _subtest(stmt: ast.stmt) -> bool:
+    """`with self.subTest(...):`: a failure inside is recorded and the test goes on, and the test then fails."""
+    return isinstance(stmt, ast.With) and bool(stmt.items) and all(
+        isinstance(i.context_expr, ast.Call) and isinstance(i.context_expr.func, ast.Attribute)
+        and i.context_expr.func.attr == "subTest" and i.optional_vars is None for i in stmt.items)
+
+
+def _flat(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of `body` with the bodies of its `subTest` blocks in their place."""
+    for stmt in body:
+        if isinstance(stmt, ast.With) and _subtest(stmt):
+            yield from _flat(stmt.body)
+        else:
+            yield stmt
+
+
+def _escapes(stmt: ast.stmt) -> bool:
+    """Can the statement leave a loop's iteration early (break, continue, return, yield; nested defs aside)?"""
+    todo: list[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom)):
+            return True
+        todo += [c for c in ast.iter_child_nodes(node)
+                 if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))]
+    return False
+
+
+def _loop_rows(loop: ast.For) -> list[ast.expr]:
+    """The expected values of a loop table: `for args, expected in [(..., 3), ...]:` whose body compares `expected`
+    (one side of its first top-level equality, possibly in a `subTest` block, read nowhere before it, assigned
+    nowhere in the body, absent from the other side), in rows that are literals without floats. Every row runs
+    (the body cannot leave an iteration early), so a correct fix fails the row whose value changed."""
+    target, rows = loop.target, loop.iter
+    if not isinstance(rows, (ast.List, ast.Tuple)) or not rows.elts or loop.orelse or any(map(_escapes, loop.body)):
+        return []
+    if isinstance(target, ast.Name):
+        names = [target.id]
+    elif isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Name) for e in target.elts):
+        names = [e.id for e in target.elts]  # type: ignore[attr-defined]
+    else:
+        return []
+    stored = {n.id for s in loop.body for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    read: set[str] = set()
+    param = None
+    for stmt in _flat(loop.body):
+        sides = compared(stmt)
+        param = next((side.id for i, side in enumerate(sides) if isinstance(side, ast.Name) and side.id in names
+                      and side.id not in stored | read
+                      and not any(isinstance(n, ast.Name) and n.id == side.id for n in ast.walk(sides[1 - i]))), None)
+        if param is not None:
+            break
+        read |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    if param is None:
+        return []
+    out = []
+    for row in rows.elts:
+        if len(names) == 1:
+            value = row
+        elif isinstance(row, (ast.Tuple, ast.List)) and len(row.elts) == len(names):
+            value = row.elts[names.index(param)]
+        else:
+            return []  # a row that does not unpack as the target: not a table this module reads
+        if _is_literal(value) and not any(isinstance(n, ast.Constant) and isinstance(n.value, (float, complex))
+                                          for n in ast.walk(value)):
+            out.append(value)
+    return out
+
+
+def line_offsets(source: bytes) -> list[int]:
     """Byte offset of the start of each line (1-based line numbers index it from 1), as `ast` counts lines."""
     out, pos = [0, 0], 0
     for line in source.splitlines(keepends=True):
@@ -126,11 +202,11 @@ def literals(source: str, classes: tuple[str, ...], name: str) -> list[Literal]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return []
-    func = _function(tree, classes, name.split("[", 1)[0])
+    func = function_def(tree, classes, name.split("[", 1)[0])
     if func is None:
         return []
     raw = source.encode("utf-8", errors="surrogatepass")
-    starts = _offsets(raw)
+    starts = line_offsets(raw)
     uses: dict[str, int] = {}
     for node in ast.walk(func):
         if isinstance(node, ast.Name):
@@ -140,17 +216,18 @@ def literals(source: str, classes: tuple[str, ...], name: str) -> list[Literal]:
                 uses[n] = uses.get(n, 0) + 99  # bound outside the test: never a test's own expected value
     bound: dict[str, ast.expr] = {}
     out = []
-    for stmt in func.body:
+    for stmt in _flat(func.body):
         pair = _bound_literal(stmt)
         if pair is not None:
             bound[pair[0]] = pair[1]
-        for node in _expected_sides(stmt, bound, uses):
+        nodes = _loop_rows(stmt) if isinstance(stmt, ast.For) else _expected_sides(stmt, bound, uses)
+        for node in nodes:
             if node.end_lineno is None or node.end_col_offset is None:
                 continue
             a = starts[node.lineno] + node.col_offset
             b = starts[node.end_lineno] + node.end_col_offset
             out.append(Literal(a, b, raw[a:b].decode("utf-8", errors="surrogatepass")))
-        if _may_leave(stmt):
+        if may_leave(stmt):
             break
     return out
 

