@@ -229,6 +229,28 @@ def test_property_parse_inverts_assistant_tokens(case, content, calls):
     assert [(c.name, c.arguments) for c in turn.tool_calls] == [(c.name, c.arguments) for c in calls]
 
 
+@settings(max_examples=30, deadline=None)
+@given(content=_text.filter(lambda s: "{" not in s and "[" not in s and "<" not in s),
+       calls=st.lists(_call, max_size=2))
+def test_property_streamed_content_is_never_part_of_a_call(case, content, calls):
+    """What `flywheel serve` streams as a turn is sampled (`content_ready` on each prefix of its text) is always a
+    prefix of the turn's final content: no piece of a call, nor of a marker that may begin one, goes out as text."""
+    ids = case.assistant_tokens(Message("assistant", content, calls))
+    end = next(i for i, t in enumerate(ids) if t in case.stop_token_ids)  # the server stops streaming there
+    text = case.tokenizer.decode(ids[:end], skip_special_tokens=False)
+    final = case.parse(text).content
+    begun_at = None
+    for n in range(len(text) + 1):
+        ready, begun = case.tool_format.content_ready(text[:n])
+        assert final.startswith(ready), (text[:n], ready)
+        if begun and begun_at is None:
+            begun_at = n
+        assert begun or begun_at is None  # once a call has begun it stays begun
+    assert (begun_at is not None) == bool(calls)
+    if not calls:
+        assert case.tool_format.content_ready(text)[0] == final
+
+
 @settings(max_examples=60, deadline=None)
 @given(text=st.one_of(_hostile, st.text(max_size=200)))
 def test_property_parse_never_raises(case, text):

@@ -49,7 +49,7 @@ from flywheel.online.protocol import (
     parse_chat_request,
     tool_calls_json,
 )
-from flywheel.policy.chat import TOOL_CALL_OPEN, ChatFormat, ParsedTurn
+from flywheel.policy.chat import ChatFormat, ParsedTurn
 from flywheel.types import Generation
 
 log = logging.getLogger(__name__)
@@ -251,21 +251,22 @@ async def _stream(request: web.Request, st: ServingState, rec: KeyRecord, req: C
         await send({"role": "assistant", "content": ""})
         ids: list[int] = [] if first is None else [first]
         emitted, closed = "", first is None
-        tool_open = chat.marker_ids.get(TOOL_CALL_OPEN)  # None: the tag is plain text (SmolLM2), seen in the text
+        # the family's markers that are one token each (a tag that is plain text, as SmolLM2's, is seen in the text)
+        marker_ids = {i for m, i in chat.marker_ids.items() if m in chat.tool_format.markers}
         stop_ids = set(req.sampling.stop_token_ids)
         hold = max((len(s) for s in req.sampling.stop), default=1) - 1
-        if tool_open is None:
-            hold = max(hold, len(TOOL_CALL_OPEN) - 1)  # a tag's first characters are not content yet
         while not closed:
-            if ids and (ids[-1] == tool_open or ids[-1] in stop_ids):
+            if ids and (ids[-1] in marker_ids or ids[-1] in stop_ids):
                 closed = True  # the rest is a tool call or the end marker: sent once parsed
                 break
             raw = st.tokenizer.decode(ids)
-            if tool_open is None and TOOL_CALL_OPEN in raw:
+            text = trim_stops(raw, req.sampling.stop)
+            ready, begun = chat.tool_format.content_ready(text)  # the family's call syntax, and a tail that may start it
+            if begun:
                 closed = True
                 break
-            text = trim_stops(raw, req.sampling.stop)
-            ready = text[:len(text) - hold] if hold and text == raw else text
+            if hold and text == raw:
+                ready = ready[:len(text) - hold]
             if ready.startswith(emitted) and len(ready) > len(emitted) and not ready.endswith("\ufffd"):
                 await send({"content": ready[len(emitted):]})
                 emitted = ready

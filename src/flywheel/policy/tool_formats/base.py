@@ -57,6 +57,7 @@ class ToolFormat(Protocol):
             def call_pieces(self, calls): return [("\\nCALL " + call_json(c, "arguments", ()), False) for c in calls]
             def tool_result(self, message, roles): return "tool" if "tool" in roles else "user", [(message.content, False)]
             def parse(self, text, tools): ...  # ParsedTurn with one ToolCallError per unusable call
+            def content_ready(self, text): return held_back(text, ("\nCALL ",))
     """
 
     name: str
@@ -85,8 +86,26 @@ class ToolFormat(Protocol):
         raises for any str: every mistake is a ToolCallError the model can act on."""
         ...
 
+    def content_ready(self, text: str) -> tuple[str, bool]:
+        """For streaming a turn as it is sampled: (the prefix of `text` that is content whatever comes next, has a
+        call begun). Held back: a call, and a tail that may be the start of one (`<tool_` of `<tool_call>`)."""
+        ...
+
 
 HasToken = Callable[[str], bool]  # does the tokenizer have this string as one added token?
+
+
+def held_back(text: str, starts: Collection[str]) -> tuple[str, bool]:
+    """`content_ready` for calls that begin with one of `starts`: the text before the first one (True), or the text
+    without its longest tail that begins one of them (False)."""
+    hits = [i for i in (text.find(s) for s in starts) if i >= 0]
+    if hits:
+        return text[:min(hits)], True
+    cut = len(text)
+    for s in starts:
+        k = next((k for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), 0)
+        cut = min(cut, len(text) - k)
+    return text[:cut], False
 
 
 # ---------------------------------------------------------------------------------------------- writing calls

@@ -26,6 +26,7 @@ from flywheel.policy.tool_formats.base import (
     call_json,
     check_call,
     decode_error,
+    held_back,
     loads,
 )
 from flywheel.types import Message, ToolCall, ToolCallError
@@ -80,6 +81,9 @@ class Hermes:
 
     def parse(self, text: str, tools: dict[str, dict]) -> ParsedTurn:
         return parse_calls(text, tools)
+
+    def content_ready(self, text: str) -> tuple[str, bool]:
+        return held_back(text, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE))  # a stray close tag is not content either
 
 
 def _parse_call(body: str, tools: dict[str, dict], index: int) -> ToolCall | ToolCallError:

@@ -29,6 +29,7 @@ from flywheel.policy.tool_formats.base import (
     check_call,
     clip,
     decode_error,
+    held_back,
     raw_decode,
 )
 from flywheel.types import Message, ToolCall, ToolCallError
@@ -41,6 +42,14 @@ _CALL_START = re.compile(r'\{\s*"name"\s*:')
 _PROMPT = ("You have access to the following functions. To call a function, please respond with JSON for a function "
            'call. Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
            "value}. Do not use variables.\n\n")
+
+
+def _may_open_call(after_brace: str) -> bool:
+    """Can text that follows a `{` still grow into `{"name":` (whitespace, then a prefix of `"name"`, then `:`)?"""
+    rest = after_brace.lstrip()
+    if '"name"'.startswith(rest):
+        return True
+    return rest.startswith('"name"') and not rest[len('"name"'):].strip()
 
 
 class Llama3Json:
@@ -70,6 +79,17 @@ class Llama3Json:
 
     def tool_result(self, message: Message, roles: Collection[str]) -> tuple[str | None, list[Piece]]:
         return ("tool" if "tool" in roles else "user"), [(message.content, False)]
+
+    def content_ready(self, text: str) -> tuple[str, bool]:
+        ready, begun = held_back(text, (PYTHON_TAG,)) if self.python_tag else (text, False)
+        m = _CALL_START.search(ready)
+        if m is not None:
+            return ready[:m.start()], True
+        if not begun:  # a tail that may still become `{"name":` is not content yet
+            brace = ready.rfind("{")
+            if brace != -1 and _may_open_call(ready[brace + 1:]):
+                ready = ready[:brace]
+        return ready, begun
 
     def parse(self, text: str, tools: dict[str, dict]) -> ParsedTurn:
         tag = text.find(PYTHON_TAG) if self.python_tag else -1

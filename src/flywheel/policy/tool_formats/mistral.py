@@ -24,6 +24,7 @@ from flywheel.policy.tool_formats.base import (
     check_call,
     clip,
     decode_error,
+    held_back,
     raw_decode,
 )
 from flywheel.types import Message, ToolCall, ToolCallError
@@ -60,6 +61,9 @@ class Mistral:
     def tool_result(self, message: Message, roles: Collection[str]) -> tuple[str | None, list[Piece]]:
         body = json.dumps({"content": message.content}, ensure_ascii=False)
         return None, [(TOOL_RESULTS, True), (body, False), (TOOL_RESULTS_END, True)]
+
+    def content_ready(self, text: str) -> tuple[str, bool]:
+        return held_back(text, (TOOL_CALLS,))
 
     def parse(self, text: str, tools: dict[str, dict]) -> ParsedTurn:
         chunks = text.split(TOOL_CALLS)
