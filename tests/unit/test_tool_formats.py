@@ -121,6 +121,39 @@ def agent_loop(chat, msgs):
     return ids
 
 
+def test_the_rollout_viewer_reads_every_family(case):
+    """The dashboard's transcript (metrics/dashboard/transcript.py) splits a session's tokens at the family's turn
+    markers and reads each assistant turn's calls with the run's tool format."""
+    from types import SimpleNamespace
+
+    from flywheel.metrics.dashboard.transcript import TokenDecoder, transcript_view
+    msgs = session()
+    ids, mask, i = case.render(msgs[:2]), [], 2
+    mask = [False] * len(ids)
+    while i < len(msgs):
+        turn = case.assistant_tokens(msgs[i])
+        ids, mask, i = ids + turn, mask + [True] * len(turn), i + 1
+        obs = []
+        while i < len(msgs) and msgs[i].role != "assistant":
+            obs.append(msgs[i])
+            i += 1
+        if obs:
+            more = case.render_observation(obs)
+            ids, mask = ids + more, mask + [False] * len(more)
+    seg = SimpleNamespace(token_ids=ids, loss_mask=mask, logprobs=[-0.5] * len(ids), versions=[1] * len(ids))
+    traj = SimpleNamespace(task_id="t", group_id="g", env_failure=None, num_turns=3, num_tool_calls=3,
+                           num_tool_errors=0, reward=None, timings={}, meta={}, min_version=1, segments=[seg])
+    view = transcript_view(traj, TokenDecoder(case.tokenizer.backend_tokenizer, case.tool_format.name),
+                           tools={t["name"]: t for t in TOOLS})
+    turns = view["segments"][0]["turns"]
+    assistant = [t for t in turns if t["role"] == "assistant"]
+    assert [[c["name"] for c in t["tool_calls"]] for t in assistant] == [["view"], ["view", "submit"], []], turns
+    assert [t["tool_errors"] for t in assistant] == [[], [], []]
+    assert assistant[0]["text"].startswith("Looking.") and assistant[2]["text"] == "Done."  # text: calls and all
+    assert sum(t["num_sampled"] for t in assistant) == sum(mask)  # every sampled token in an assistant turn
+    assert {"user", "assistant"} <= {t["role"] for t in turns}
+
+
 # ------------------------------------------------------------------------------------------ what each looks like
 
 

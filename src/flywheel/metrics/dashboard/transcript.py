@@ -4,9 +4,12 @@
     view = transcript_view(traj, decoder, tools=run_tools(config))  # JSON for the page
 
 Why from tokens: a trajectory keeps only what the trainer needs (token ids, loss mask, sampler log-probs and
-versions), so the transcript is rebuilt from them: split at `<|im_start|>`, each turn's role from its header,
-assistant turns parsed with the harness's own tool-call parser (`policy.chat.parse_turn`) against the tools the
-run's sessions had (`env.tools` of its config), so an unusable call names the tools that session could call. Each sampled token
+versions), so the transcript is rebuilt from them: split at the turn markers of the tokenizer's family (ChatML's
+`<|im_start|>role\n`, Llama 3's `<|start_header_id|>role<|end_header_id|>`, Mistral's `[INST]`/`[/INST]`/
+`[TOOL_RESULTS]`; `TURN_MARKERS`), each turn's role from its header or marker, assistant turns parsed with the
+run's own tool-call format (`model.tool_format` of its config, "auto" read off the tokenizer as a run picks it)
+against the tools the run's sessions had (`env.tools`), so an unusable call names the tools that session could
+call. Each sampled token
 keeps its text, log-prob and weight version so the page can colour it, and, for the trajectories the trainer
 wrote its recomputed log-probs of (trainer_logprobs.py), Δ log p = trainer − sampler. Byte-level BPE pieces are joined with an
 incremental UTF-8 decoder, so a character split across tokens is shown once, on the token that completes it.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,8 @@ from tokenizers import Tokenizer
 
 from flywheel.config import EnvConfig
 from flywheel.envs.tools import TOOLS, tools_for
-from flywheel.policy.chat import IM_END, IM_START, parse_turn
+from flywheel.policy.chat import ENDOFTEXT, IM_END, IM_START
+from flywheel.policy.tool_formats import TOOL_FORMAT_NAMES, ToolFormat, build_tool_format
 from flywheel.types import Trajectory
 
 _TOOLS_BY_NAME = {t["name"]: t for t in TOOLS}
@@ -41,6 +46,33 @@ def run_tools(config: dict[str, Any]) -> dict[str, dict]:
     except ValidationError:
         cfg = EnvConfig()
     return {t["name"]: t for t in tools_for(cfg)}
+
+
+@dataclass(frozen=True)
+class TurnMarkers:
+    """How a family's transcript splits into turns, by its added tokens."""
+
+    starts: dict[str, str | None]  # a marker that opens a turn -> its role (None: the header after it names it)
+    header_end: str | None  # the marker ending a header (None: its first newline)
+    silent: frozenset[str]  # markers that are no text (ends of turns, of the transcript)
+
+
+TURN_MARKERS = {
+    "chatml": TurnMarkers({IM_START: None}, None, frozenset({IM_END, ENDOFTEXT})),
+    "llama3": TurnMarkers({"<|start_header_id|>": None}, "<|end_header_id|>",
+                          frozenset({"<|eot_id|>", "<|eom_id|>", "<|begin_of_text|>", "<|end_of_text|>"})),
+    "mistral": TurnMarkers({"[INST]": "user", "[/INST]": "assistant", "[TOOL_RESULTS]": "tool",
+                            "[AVAILABLE_TOOLS]": "tools"}, None,
+                           frozenset({"</s>", "<s>", "[/TOOL_RESULTS]", "[/AVAILABLE_TOOLS]"})),
+}
+
+
+def turn_markers(added: set[str]) -> TurnMarkers:
+    """The family whose turn markers are among the tokenizer's added tokens (ChatML when none is)."""
+    for name in ("llama3", "mistral"):
+        if all(m in added for m in TURN_MARKERS[name].starts):
+            return TURN_MARKERS[name]
+    return TURN_MARKERS["chatml"]
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -62,11 +94,16 @@ _UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
 class TokenDecoder:
     """Token id → bytes for a byte-level BPE tokenizer (added tokens map to their literal text)."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, tool_format: str = "auto"):
         self.tokenizer = tokenizer
         self.special = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
-        self.im_start = tokenizer.token_to_id(IM_START)
-        self.im_end = tokenizer.token_to_id(IM_END)
+        added = set(self.special.values())
+        self.markers = turn_markers(added)
+        self.starts = {i: self.markers.starts[m] for i, m in self.special.items() if m in self.markers.starts}
+        self.header_end = next((i for i, m in self.special.items() if m == self.markers.header_end), None)
+        self.silent = {i for i, m in self.special.items() if m in self.markers.silent}
+        self.tool_format: ToolFormat = build_tool_format(tool_format if tool_format in TOOL_FORMAT_NAMES else "auto",
+                                                         added.__contains__)
         self._cache: dict[int, bytes] = {}
 
     @classmethod
@@ -79,10 +116,12 @@ class TokenDecoder:
         """The tokenizer a run used: `tokenizer.path` from its config, else `<run>/tokenizer`."""
         tok_cfg = config.get("tokenizer")
         tok_cfg = tok_cfg if isinstance(tok_cfg, dict) else {}
+        model = config.get("model")
+        fmt = model.get("tool_format", "auto") if isinstance(model, dict) else "auto"
         for d in [tok_cfg.get("path"), run_dir / "tokenizer", run_dir / "base_model", run_dir / "final_model"]:
             if d and (Path(d) / "tokenizer.json").is_file():
                 try:
-                    return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")))
+                    return cls(Tokenizer.from_file(str(Path(d) / "tokenizer.json")), str(fmt))
                 except Exception:  # a corrupt tokenizer.json surfaces as many exception types
                     continue
         return None
@@ -114,20 +153,36 @@ class TokenDecoder:
 
 def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None,
            tools: dict[str, dict] | None = None) -> list[dict[str, Any]]:
-    """Split one segment at `<|im_start|>` into turns; sampled tokens keep log-prob and version, and with
-    `dlogp` (one per sampled token, in order) their Δ log p (trainer − sampler) as a fourth entry."""
+    """Split one segment at its family's turn markers into turns; sampled tokens keep log-prob and version, and
+    with `dlogp` (one per sampled token, in order) their Δ log p (trainer − sampler) as a fourth entry."""
     num_sampled = 0
     texts = decoder.texts(seg.token_ids)
     turns: list[dict[str, Any]] = []
     cur: dict[str, Any] | None = None
     for i, tid in enumerate(seg.token_ids):
-        if tid == decoder.im_start or cur is None:
-            cur = {"role": "", "header": True, "text": [], "tokens": []}
+        sampled_after_prompt = seg.loss_mask[i] and cur is not None and cur["role"] != "assistant" \
+            and not cur["header"] and not cur["tokens"]
+        prompt_after_sampled = not seg.loss_mask[i] and cur is not None and cur["role"] == "assistant" \
+            and cur["tokens"] and tid not in decoder.silent and tid not in decoder.starts
+        if sampled_after_prompt:  # a family that opens no assistant turn after a tool result (Mistral's)
+            cur = {"role": "assistant", "header": False, "text": [], "tokens": []}
             turns.append(cur)
-            if tid == decoder.im_start:
+        elif prompt_after_sampled:  # an observation written as a bare block, in no turn of its own
+            cur = {"role": "tool", "header": False, "text": [], "tokens": []}
+            turns.append(cur)
+        if tid in decoder.starts or cur is None:
+            role = decoder.starts.get(tid)
+            cur = {"role": role or "", "header": tid in decoder.starts and role is None, "text": [], "tokens": []}
+            turns.append(cur)
+            if tid in decoder.starts:
                 continue
-        if cur["header"]:  # the role name up to the header's newline
-            if "\n" in texts[i]:
+        if cur["header"]:  # the role name up to the header's end: its marker, or its newline
+            if decoder.header_end is not None:
+                if tid == decoder.header_end:
+                    cur["header"] = False
+                else:
+                    cur["role"] += texts[i]
+            elif "\n" in texts[i]:
                 head, _, rest = texts[i].partition("\n")
                 cur["role"] += head
                 cur["header"] = False
@@ -136,7 +191,7 @@ def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None,
             else:
                 cur["role"] += texts[i]
             continue
-        if tid != decoder.im_end:  # the end-of-turn token is no text, but when sampled it keeps its log-prob
+        if tid not in decoder.silent:  # the end-of-turn token is no text, but when sampled it keeps its log-prob
             cur["text"].append(texts[i])
         if seg.loss_mask[i]:
             tok = [texts[i], round(seg.logprobs[i], 4), seg.versions[i]]
@@ -149,6 +204,8 @@ def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None,
     out = []
     for t in turns:
         text = "".join(t["text"]).rstrip("\n")
+        if decoder.header_end is not None:
+            text = text.lstrip("\n")  # Llama 3's header is followed by a blank line
         if t["header"] or (not text.strip() and not t["tokens"]):
             continue  # a generation prompt (`<|im_start|>assistant\n`) closed unanswered (a summary request)
         role = t["role"].strip() or "?"
@@ -163,7 +220,7 @@ def _turns(seg, decoder: TokenDecoder, dlogp: list[float | None] | None = None,
             if deltas:
                 turn["max_abs_dlogp"] = max(deltas)
         if role == "assistant":
-            parsed = parse_turn(text, _TOOLS_BY_NAME if tools is None else tools)
+            parsed = decoder.tool_format.parse(text, _TOOLS_BY_NAME if tools is None else tools)
             turn["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]
             turn["tool_errors"] = [{"kind": e.kind, "message": e.message} for e in parsed.errors]
         out.append(turn)
