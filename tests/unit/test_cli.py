@@ -31,3 +31,24 @@ def test_tasks_check_grade_finds_a_test_command_the_guard_cannot_work_with(tmp_p
     assert main(["tasks", "check", str(tmp_path / "t.jsonl"), "--grade"]) == 1
     out = capsys.readouterr().out
     assert "grades wrong: isolated: solution 0.0" in out and "2 solutions graded, 1 wrong" in out
+    # which path graded each: the synthetic task by data, the one without calls in-process
+    assert "verdicts: 1 data verdict (calls compared by the grader), 1 the guarded in-process path alone" in out
+
+
+def test_verdict_kinds_name_the_path_that_graded():
+    from flywheel.envs.verify import VerifyResult, verdict_kind, verdict_summary
+    kinds = [verdict_kind(c) for c in ({"data_verdict": 1.0, "tests": 1.0}, {"suite_verdict": 1.0, "twins": 2.0},
+                                       {"suite_verdict": 1.0, "untwinned": 3.0, "guarded_untwinned": 1.0},
+                                       {"in_process_verdict": 1.0, "untwinned": 2.0}, {"tests_not_run": 1.0})]
+    assert kinds == ["data", "suite", "suite+guard", "in-process", ""]
+    results = [VerifyResult(f"t{i}", 1.0, 0.0, [], 0.1, verdict=k) for i, k in enumerate(kinds + ["suite"])]
+    assert verdict_summary(results) == ("verdicts: 1 data verdict (calls compared by the grader), 2 suite verdict, "
+                                        "every FAIL_TO_PASS test with a twin, 1 suite verdict, some FAIL_TO_PASS tests "
+                                        "without a twin (those also through the guard), 1 the guarded in-process path "
+                                        "alone (no twin; the code under test can reach the guard)")
+
+
+def test_require_twins_needs_verify(capsys):
+    from flywheel.cli import main
+    assert main(["tasks", "mine", "--dir", "x=/nonexistent", "--out", "/tmp/never.jsonl", "--require-twins"]) == 2
+    assert "add --verify" in capsys.readouterr().out

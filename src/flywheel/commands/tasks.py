@@ -2,14 +2,16 @@
 
     flywheel tasks synth --n 1000 --seed 0 --out tasks.jsonl [--split heldout] [--difficulty easy]
     flywheel tasks synth --long chain --num-files 6 --pad 3 --n 200 --out long.jsonl [--split heldout]
-    flywheel tasks mine --projects inflection==0.5.1,toolz==0.12.1 --out mined.jsonl [--verify]
+    flywheel tasks mine --projects inflection==0.5.1,toolz==0.12.1 --out mined.jsonl [--verify [--require-twins]]
         [--config FILE] [--mine.candidate_timeout_max_s 120 --mine.test_memory_mb 4096 ...]
     flywheel tasks check tasks.jsonl [--format swebench --repos-dir clones/] [--grade] [--envs-dir DIR]
 
 `synth` writes verified tasks (the original passes every test, the mutant fails one) as flywheel JSONL;
 `mine` injects bugs into real projects (source distributions from the package index, pinned NAME==VERSION, or
 `--dir NAME=PATH`) and keeps those their own test suites catch (tasks/mine/); `--verify` then grades each kept task
-as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0. Every command mining
+as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0 (with
+`--require-twins`, also any with a FAIL_TO_PASS test that has no twin), and prints which verdict graded the kept
+tasks (data, suite, suite with some tests left to the guard, in-process; envs/verify.py `verdict_kind`). Every command mining
 runs has the wall-clock and memory limits of the `[mine]` config section (a config file and `--mine.KEY VALUE`
 overrides); a candidate whose tests time out is rejected with that reason (the report's `rejected`, `timeouts`).
 `check` loads a file the way a run does and lists the broken tasks (exit code 1 when there are any), tasks whose
@@ -55,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--seed", type=int, default=0, help="which bugs are tried, in which order")
     m.add_argument("--verify", action="store_true", help="grade every kept task (fix -> 1, bugged -> 0) and keep "
                    "only those that pass")
+    m.add_argument("--require-twins", action="store_true", help="with --verify: keep only tasks every FAIL_TO_PASS "
+                   "test of which has a twin, so the suite verdict grades them with no test left to the guard "
+                   "(docs/integrity.md)")
     m.add_argument("--report", default=None, help="also write the per-project report (JSON) here")
     m.add_argument("config", nargs="?", default=None, help="config file whose [mine] section sets the timeouts and "
                    "memory limits (default: the defaults of docs/config.md); `--mine.KEY VALUE` overrides one")
@@ -127,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _grade_solutions(tasks, cfg) -> int:
     """Grade every task's solution and untouched workspace; prints each task that grades wrong."""
-    from flywheel.envs.verify import verify_tasks
+    from flywheel.envs.verify import verdict_summary, verify_tasks
 
     results = verify_tasks(tasks, cfg)
     for r in results:
@@ -137,7 +142,7 @@ def _grade_solutions(tasks, cfg) -> int:
             print(f"grades wrong: {r.task_id}: solution {r.solved} {r.flags} {r.error[:300]}; untouched {r.untouched}")
     checked = [r for r in results if r.error != "no solution"]
     wrong = sum(1 for r in checked if not r.ok)
-    print(f"{len(checked)} solutions graded, {wrong} wrong")
+    print(f"{len(checked)} solutions graded, {wrong} wrong; {verdict_summary(checked)}")
     return wrong
 
 
@@ -150,6 +155,9 @@ def _mine(args: argparse.Namespace) -> int:
     from flywheel.tasks.loaders import save_tasks
     from flywheel.tasks.mine import mine_directory, mine_project
 
+    if args.require_twins and not args.verify:
+        print("flywheel tasks mine: --require-twins keeps tasks by how their fix grades; add --verify")
+        return 2
     limits = load_config(args.config or args.config_opt, args.overrides).mine
     cfg = EnvConfig(grade_cache=0, **({"python_envs_dir": args.envs_dir} if args.envs_dir else {}))
     pins = [p.strip() for p in args.projects.split(",") if p.strip()]
@@ -187,19 +195,21 @@ def _mine(args: argparse.Namespace) -> int:
     if args.verify:
         import tempfile
 
-        from flywheel.envs.verify import verify_task
+        from flywheel.envs.verify import verdict_summary, verify_task
 
-        kept = []
+        kept, results = [], []
         with tempfile.TemporaryDirectory(prefix="flywheel-verify-") as scratch:
             try:  # one task at a time, so that an interrupt keeps those verified by then
                 for t in tasks:
-                    if verify_task(t, cfg, Path(scratch)).ok:
+                    results.append(verify_task(t, cfg, Path(scratch)))
+                    if results[-1].ok and (results[-1].verdict == "suite" or not args.require_twins):
                         kept.append(t)
                     else:
                         dropped += 1
             except KeyboardInterrupt:
                 interrupted = True
                 print(f"interrupted: {len(kept)} tasks verified, the rest not written")
+        print(verdict_summary([r for r in results if r.ok]))
         tasks = kept
     save_tasks(tasks, args.out)
     if args.report:

@@ -32,6 +32,7 @@ class VerifyResult:
     flags: list[str]
     grade_s: float  # seconds of the reference fix's grading
     error: str = ""
+    verdict: str = ""  # what decided the reference fix's reward (`verdict_kind`)
 
     @property
     def ok(self) -> bool:
@@ -54,9 +55,37 @@ def verify_task(task: Task, cfg: EnvConfig, root: Path, kind: str = "auto") -> V
             rewards[solved] = grade(task, ws, cfg, kind=kind)
             seconds = time.perf_counter() - t0
         good, bad = rewards[True], rewards[False]
-        return VerifyResult(task.id, good.value, bad.value, list(good.flags), seconds)
+        return VerifyResult(task.id, good.value, bad.value, list(good.flags), seconds,
+                            verdict=verdict_kind(good.components))
     except ValueError as err:  # EnvNotReady, a test_patch that does not apply, a missing commit
         return VerifyResult(task.id, 0.0, 0.0, [], 0.0, error=str(err))
+
+
+VERDICTS = {  # verdict_kind -> what it means, for reports
+    "data": "data verdict (calls compared by the grader)",
+    "suite": "suite verdict, every FAIL_TO_PASS test with a twin",
+    "suite+guard": "suite verdict, some FAIL_TO_PASS tests without a twin (those also through the guard)",
+    "in-process": "the guarded in-process path alone (no twin; the code under test can reach the guard)",
+}
+
+
+def verdict_kind(components: dict[str, float]) -> str:
+    """Which path decided a reward (docs/integrity.md): "data", "suite" (no untwinned FAIL_TO_PASS test),
+    "suite+guard" (some untwinned: they also pass through the guard), "in-process", or "" (tests not run)."""
+    if components.get("data_verdict"):
+        return "data"
+    if components.get("suite_verdict"):
+        return "suite+guard" if components.get("untwinned") else "suite"
+    return "in-process" if components.get("in_process_verdict") else ""
+
+
+def verdict_summary(results: Iterable[VerifyResult]) -> str:
+    """One line: how many reference fixes each path graded."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if r.verdict:
+            counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    return "verdicts: " + (", ".join(f"{counts[k]} {VERDICTS[k]}" for k in VERDICTS if k in counts) or "none")
 
 
 def verify_tasks(tasks: Iterable[Task], cfg: EnvConfig, kind: str = "auto") -> list[VerifyResult]:
