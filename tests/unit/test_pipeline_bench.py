@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.bench.pipeline import _settings, _swapped, bench_config, parse_seeds, summarize
+from flywheel.bench.pipeline import _swapped, bench_config, parse_seeds, set_overrides, summarize
 from flywheel.config import ConfigError
 
 
 def test_set_overrides_both_modes_but_not_the_bench_keys():
-    settings = _settings(["trainer.correction=none", "trainer.num_steps=99"])
+    settings = set_overrides(["trainer.correction=none", "trainer.num_steps=99"])
     for mode in ("sync", "async"):
         cfg = bench_config(Path("/tmp/unused"), mode, False, "local", settings)
         assert cfg.trainer.correction == "none" and cfg.orchestrator.mode == mode
@@ -18,9 +18,9 @@ def test_set_overrides_both_modes_but_not_the_bench_keys():
 
 def test_bad_set_pairs_are_refused_with_what_to_write():
     with pytest.raises(SystemExit, match="expected SECTION.KEY=VALUE"):
-        _settings(["trainer.correction"])
+        set_overrides(["trainer.correction"])
     with pytest.raises(ConfigError, match="unknown key 'trainer.corection'"):
-        bench_config(Path("/tmp/unused"), "sync", False, "local", _settings(["trainer.corection=none"]))
+        bench_config(Path("/tmp/unused"), "sync", False, "local", set_overrides(["trainer.corection=none"]))
 
 
 def test_seeds_parse_and_bad_lists_say_what_to_write():

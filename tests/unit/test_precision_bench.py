@@ -36,3 +36,19 @@ def test_delta_bytes_grow_with_the_change_and_count_changed_scales():
         d = delta_bytes(before, after, fmt)
         assert 0 < d["changed_frac"] < 1 and d["delta_bytes"] > same["delta_bytes"], fmt
     assert delta_bytes(before, after, "fp8_e4m3_block")["scale_bytes"] > 0  # block amaxes moved
+
+
+def test_learning_arms_are_valid_demo_configs_and_a_missing_base_is_one_clear_error(tmp_path):
+    """bench/precision_learning.py: every arm's overrides load on configs/demo.toml as the precision they name, and
+    a directory without a mid-trained base says what to run first."""
+    import pytest
+
+    from flywheel.bench.precision_learning import ARMS, DEMO_CONFIG, learning_arms
+    from flywheel.config import load_config
+    for name, overrides in ARMS.items():
+        cfg = load_config(str(DEMO_CONFIG), overrides)
+        assert (cfg.inference.weight_dtype == "fp8_e4m3") == name.startswith("fp8")
+        assert (cfg.trainer.matmul_precision == "fp8_tensor") == name.startswith("fp8_both")
+        assert cfg.trainer.correction == ("none" if name.endswith("_none") else "tis")
+    with pytest.raises(ValueError, match="make demo"):
+        learning_arms(tmp_path, tmp_path / "out", [])

@@ -54,7 +54,7 @@ CONFIG = "configs/demo.toml"
 STEPS, QUICK_STEPS = 16, 4  # trainer steps of each run (the demo's own RL runs longer)
 
 
-def _settings(pairs: list[str] | None) -> list[str]:
+def set_overrides(pairs: list[str] | None) -> list[str]:
     """`--set trainer.correction=none` pairs as config overrides (`--trainer.correction none`)."""
     out = []
     for pair in pairs or []:
@@ -149,7 +149,7 @@ def base_policy(quick: bool, base_dir: str | None = None, settings: Sequence[str
 def run(args: argparse.Namespace) -> dict:
     seeds = parse_seeds(getattr(args, "seeds", None))  # before any work: a bad list fails at once
     root = bench_root(args.quick)
-    settings = _settings(getattr(args, "set", None))
+    settings = set_overrides(getattr(args, "set", None))
     base_cfg, base, tokenizer_dir, tokenizer, train, heldout = base_policy(args.quick, getattr(args, "base", None),
                                                                             settings)
     result: dict = {"config": CONFIG, "settings": list(getattr(args, "set", None) or []), "quick": bool(args.quick),

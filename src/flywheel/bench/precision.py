@@ -2,6 +2,7 @@
 
     flywheel bench precision --out benchmarks/results/precision.json [--quick]
     flywheel bench precision --model models/smollm2 --out FILE      # one real model instead of the trained preset
+    flywheel bench precision --base runs/demo --out FILE            # learning per precision (precision_learning.py)
 
 For each (sampler, trainer) pair the engine serves one workload (sessions sampled at temperature 1, seeded) and
 the Trainer takes one step on those trajectories; k3 and max |Δ log p| are the step's own mismatch metrics
@@ -193,6 +194,9 @@ def _summary(measured: dict) -> dict:
 
 
 def run(args) -> dict:
+    if getattr(args, "base", None):  # learning per precision (bench/precision_learning.py)
+        from flywheel.bench.precision_learning import run_learning
+        return run_learning(args)
     quick = bool(getattr(args, "quick", False))
     load_start = os.getloadavg()
     threads = torch.get_num_threads()

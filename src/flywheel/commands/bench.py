@@ -48,18 +48,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: bfloat16 for engine, float32 for mismatch)")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
     p.add_argument("--base", default=None, help="pipeline, summarize: a mid-trained model directory (with its tokenizer) to "
-                   "start both runs from, instead of mid-training one (e.g. runs/demo/base_model)")
+                   "start both runs from, instead of mid-training one (e.g. runs/demo/base_model); precision: the "
+                   "demo base every learning arm starts from (bench/precision_learning.py)")
     p.add_argument("--seeds", default=None, metavar="S,S,...", help="pipeline: one sync/async pair per RL seed, "
                    "e.g. --seeds 0,1,2; the summary averages the pairs (default: the config's seed)")
     p.add_argument("--ranks", default=None, metavar="N,N,...", help="trainer: rank counts to measure, 1 first (the "
                    "single-process baseline), e.g. --ranks 1,2 (default 1,2)")
     p.add_argument("--run-dir", default=None, metavar="DIR", help="online: keep the serving run's directory (event "
-                   "log, weights, serve.log) in DIR, a new one, for `flywheel dashboard` (default: a temporary one)")
+                   "log, weights, serve.log) in DIR, a new one, for `flywheel dashboard` (default: a temporary one); "
+                   "precision --base: the arms' runs (a rerun keeps the finished ones)")
     p.add_argument("--time-budget-s", type=float, default=None, help="envs: wall-clock budget of the run (seconds); "
                    "mining gets 70 %% of it, split evenly over the projects, and each project stops trying "
                    "candidates past its share (what it kept is verified and reported); default: no budget")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="pipeline: a config override "
-                   "for both runs, e.g. --set trainer.correction=none (repeatable)")
+                   "for both runs, e.g. --set trainer.correction=none (repeatable); precision --base: for every arm")
 
 
 def run(args: argparse.Namespace) -> int:
