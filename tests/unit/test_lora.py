@@ -225,3 +225,64 @@ def test_engine_and_trainer_log_probs_are_bit_identical_with_an_adapter(base):
     # and the adapter really changes the policy: the base model's log-probs differ
     plain = Trainer(copy.deepcopy(base), TrainerConfig(micro_batch_tokens=96, correction="none"), batch_invariant=True)
     assert plain.step(batch)["mismatch/max_abs_diff"] > 1e-4
+
+
+UNMERGED = LoraConfig(rank=4, alpha=8.0, serve="unmerged")
+
+
+def test_an_unmerged_adapter_leaves_the_base_and_serves_the_same_policy(base):
+    """trainer.lora.serve = "unmerged": the engine's weights stay W0 (the same tensors), each adapted linear adds
+    scale (x A^T) B^T; the policy is the merged one up to float rounding, and a merged adapter after it takes the
+    factors off again."""
+    t = _trainer(base)
+    _randomize_b(t.model)
+    tensors, meta = t.state_dict_for_publish(), t.publish_meta()
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 30))] for _ in range(4)]
+
+    async def logprobs(engine, serve):
+        engine.update_adapter(1, tensors, dict(meta, serve=serve))
+        gens = await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=8, seed=i))
+                                      for i, p in enumerate(prompts)))
+        return [g.token_ids for g in gens], [g.logprobs for g in gens]
+
+    async def both():
+        async with LocalEngine(copy.deepcopy(base)) as engine:
+            q = engine.model.model.layers[0].self_attn.q_proj
+            w0, ptr = q.weight.detach().clone(), q.weight.data_ptr()
+            unmerged = await logprobs(engine, "unmerged")
+            assert q.weight.data_ptr() == ptr and torch.equal(q.weight, w0)  # the base untouched
+            assert q._flywheel_lora is not None  # the factors beside it
+            merged = await logprobs(engine, "merged")
+            assert not torch.equal(q.weight, w0) and q._flywheel_lora is None
+            return unmerged, merged
+
+    (tok_u, lp_u), (tok_m, lp_m) = asyncio.run(both())
+    assert tok_u == tok_m  # the same policy: the same samples at these seeds
+    assert max(abs(a - b) for x, y in zip(lp_u, lp_m) for a, b in zip(x, y)) < 1e-4
+    assert meta["serve"] == "merged" and lora.adapter_meta(t.model, UNMERGED, "d")["serve"] == "unmerged"
+
+
+def test_unmerged_engine_and_trainer_log_probs_are_bit_identical(base):
+    torch.manual_seed(0)
+    t = Trainer(copy.deepcopy(base), TrainerConfig(lr=1e-2, micro_batch_tokens=96, lora=UNMERGED, correction="none"),
+                batch_invariant=True)
+    _randomize_b(t.model)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(6)]
+
+    async def sample():
+        async with LocalEngine(copy.deepcopy(base), batch_invariant=True) as engine:
+            engine.update_adapter(1, t.state_dict_for_publish(), t.publish_meta())
+            assert engine.model.model.layers[0].self_attn.q_proj._flywheel_lora is not None
+            return await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=6 + i,
+                                                                           seed=i)) for i, p in enumerate(prompts)))
+
+    gens = asyncio.run(sample())
+    batch = []
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        seg = Segment(token_ids=p + g.token_ids, loss_mask=[0] * len(p) + [1] * len(g.token_ids),
+                      logprobs=[0.0] * len(p) + g.logprobs, versions=[-1] * len(p) + g.versions)
+        batch.append(Trajectory(task_id="t", group_id=f"g{i % 2}", segments=[seg], reward=Reward(value=float(i % 2))))
+    m = t.step(batch)
+    assert m["num_micro_batches"] > 1 and m["mismatch/max_abs_diff"] == 0.0  # bit for bit, unmerged on both sides

@@ -256,6 +256,10 @@ class LoraConfig(Section):
                                       "the nn.Linear modules that get an adapter (default: attention and MLP "
                                       "projections)")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
+    serve: Literal["merged", "unmerged"] = Field(
+        "merged", description="how engines serve the adapter: merged into the base weights (W0 + scale B A, no cost "
+        "per token), or unmerged beside them (x W0^T + scale (x A^T) B^T per adapted linear, as peft computes it; "
+        "the native runner only); the trainer's batch-invariant path computes the same (modeling/lora.py)")
 
     @model_validator(mode="after")
     def _check_targets(self) -> LoraConfig:

@@ -116,7 +116,9 @@ class LocalEngine:
         self._params = dict(model.state_dict(keep_vars=True))  # name -> Parameter/buffer (tied names alias)
         self.weight_dtype = weight_dtype  # inference.weight_dtype: served weights fake-quantized (modeling/quant.py)
         quantize_params_(self._params, weight_dtype)
-        self._adapter = AdapterMerger(self._params)  # LoRA runs: adapters merged into the pristine base (inference/lora.py)
+        # LoRA runs: adapters merged into the pristine base, or hung unmerged on the native runner's linears
+        self._adapter = AdapterMerger(self._params, dict(model.named_modules()),
+                                      unmerged_ok=self.runner.adds_lora_factors)
         self._step_lock = threading.Lock()  # held for each prefill/decode step and for a weight swap
         # weight swaps waiting for the step lock: the decode thread lets them in before its next step (a lock is
         # not fair; with steps back to back a swap could otherwise wait for the whole batch to finish)
@@ -275,15 +277,16 @@ class LocalEngine:
 
     def update_adapter(self, version: int, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> float:
         """Serve a LoRA adapter (`<module>.lora_A` / `.lora_B`, meta with `scale` and `base_digest`) as `version`,
-        merged into the pristine base weights (inference/lora.py). Returns the pause in ms; a rejected adapter
-        raises ValueError and leaves the engine serving its previous version."""
+        merged into the pristine base weights, or beside them with `meta["serve"] = "unmerged"` (inference/lora.py).
+        Returns the pause in ms; a rejected adapter raises ValueError and leaves the engine serving its previous
+        version."""
         swaps, kept = self._adapter.prepare(tensors, meta)  # validated and merged before decoding is held
         with self._cond:
             self._swaps_waiting += 1
         try:
             with self._step_lock:
                 t0 = time.perf_counter()
-                self._adapter.commit(swaps, kept, float(meta["scale"]))
+                self._adapter.commit(swaps, kept, float(meta["scale"]), unmerged=meta.get("serve") == "unmerged")
                 self._version = int(version)
                 pause_ms = (time.perf_counter() - t0) * 1000.0
         finally:

@@ -42,7 +42,7 @@ from flywheel.modeling import attention as bi_attention
 from flywheel.modeling.families import native_family
 from flywheel.modeling.kv_pool import KVPool, PooledKVCache
 from flywheel.modeling.lm_head import has_fp32_lm_head
-from flywheel.modeling.lora import linear_weight
+from flywheel.modeling.lora import linear_weight, lora_factors
 
 ROW_TILE = 16  # CPU: linears run on a multiple of this many rows: one kernel family, one reduction order
 GPU_ROW_TILE = 128  # CUDA: every matmul is exactly [GPU_ROW_TILE, K] @ [K, N]
@@ -115,6 +115,7 @@ class DecoderRunner:
     """Prefill and batched decode for the registry's families, reading the HF module's parameters live."""
 
     reuses_prefixes = True  # prefill(start=n) continues a cache whose first n positions are filled
+    adds_lora_factors = True  # every projection goes through _proj (modeling/lora.py lora_factors)
 
     def __init__(self, model, max_seq_len: int, batch_invariant: bool = False, pad_rows: bool = False,
                  kv_dtype: str = "bf16"):
@@ -169,14 +170,24 @@ class DecoderRunner:
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, weight, bias, self.pad_rows)
 
+    def _proj(self, module, x: torch.Tensor) -> torch.Tensor:
+        """A projection (nn.Linear, or a peft LoRA layer): x W^T + b, plus scale (x A^T) B^T for an adapter served
+        unmerged (modeling/lora.py), through the same row-invariant linear."""
+        y = self._linear(x, linear_weight(module), module.bias)
+        factors = lora_factors(module)
+        if factors is not None:
+            a, b, scale = factors
+            y = y + self._linear(self._linear(x, a), b) * scale
+        return y
+
     # ---- blocks ------------------------------------------------------------------------------------
 
     def qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """h [M, D] -> q [M, H, hd], k and v [M, KV, hd] with the q/k norms (Qwen3) and rotary applied."""
         m = h.shape[0]
-        q = self._linear(h, linear_weight(attn.q_proj), attn.q_proj.bias).view(m, self.num_heads, self.head_dim)
-        k = self._linear(h, linear_weight(attn.k_proj), attn.k_proj.bias).view(m, self.num_kv_heads, self.head_dim)
-        v = self._linear(h, linear_weight(attn.v_proj), attn.v_proj.bias).view(m, self.num_kv_heads, self.head_dim)
+        q = self._proj(attn.q_proj, h).view(m, self.num_heads, self.head_dim)
+        k = self._proj(attn.k_proj, h).view(m, self.num_kv_heads, self.head_dim)
+        v = self._proj(attn.v_proj, h).view(m, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
             k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
@@ -188,9 +199,9 @@ class DecoderRunner:
     def mlp_block(self, mlp, h: torch.Tensor):
         """h [M, D] -> (out [M, D], routed expert ids [M, k] or None)."""
         if not hasattr(mlp, "experts"):
-            gate = self._linear(h, linear_weight(mlp.gate_proj), mlp.gate_proj.bias)
-            up = self._linear(h, linear_weight(mlp.up_proj), mlp.up_proj.bias)
-            return self._linear(mlp.act_fn(gate) * up, linear_weight(mlp.down_proj), mlp.down_proj.bias), None
+            gate = self._proj(mlp.gate_proj, h)
+            up = self._proj(mlp.up_proj, h)
+            return self._proj(mlp.down_proj, mlp.act_fn(gate) * up), None
         gate, experts = mlp.gate, mlp.experts
         router_logits = self._linear(h, gate.weight)  # [M, E]
         probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
@@ -218,7 +229,7 @@ class DecoderRunner:
         attn = layer.self_attn
         h = rms_norm(x, layer.input_layernorm.weight, self.eps)
         q, k, v = self.qkv(attn, h, cos, sin)
-        x = x + self._linear(attend(q, k, v), linear_weight(attn.o_proj), attn.o_proj.bias)
+        x = x + self._proj(attn.o_proj, attend(q, k, v))
         h, extra = (mlp or self.mlp_block)(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
         return x + h, extra
 

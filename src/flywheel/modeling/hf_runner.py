@@ -37,6 +37,7 @@ def cache_keyword(model) -> str:
 class HFRunner:
     is_moe = False
     reuses_prefixes = False
+    adds_lora_factors = False  # the HF module's own forward: an unmerged adapter would be ignored
     batch_invariant = False
 
     def __init__(self, model, max_seq_len: int):

@@ -5,7 +5,8 @@
     logits_bv, routed = runner.decode(last_tokens, caches)
 
 Why a protocol: the engine (inference/local.py) asks a runner what it can do (`reuses_prefixes`, `is_moe`,
-`batch_invariant`) instead of branching on its class, so a new runner is a new implementation, not a new branch.
+`batch_invariant`, `adds_lora_factors`) instead of branching on its class, so a new runner is a new
+implementation, not a new branch.
 Implementations: `DecoderRunner` (modeling/decoder.py: every family of modeling/families.py) and `HFRunner`
 (modeling/hf_runner.py: any other HF causal LM, one sequence at a time; the reason is logged).
 """
@@ -29,6 +30,7 @@ class Runner(Protocol):
     is_moe: bool
     reuses_prefixes: bool  # prefill(ids, cache, start=n) continues a cache holding ids[:n]
     batch_invariant: bool
+    adds_lora_factors: bool  # its projections add an adapter hung unmerged on their nn.Linear (modeling/lora.py)
 
     def new_cache(self, capacity: int) -> Any: ...
 

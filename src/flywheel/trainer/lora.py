@@ -28,7 +28,7 @@ from peft import inject_adapter_in_model
 
 from flywheel.config import LoraConfig
 from flywheel.config.base import ConfigError
-from flywheel.modeling.lora import is_lora_layer, merge_lora
+from flywheel.modeling.lora import UNMERGED, is_lora_layer, merge_lora
 from flywheel.weights.tensors import state_digest
 
 ADAPTER = "default"  # peft's adapter name; one adapter per model
@@ -76,6 +76,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int = 0) -> torch.
             a = m.lora_A[ADAPTER].weight
             a.copy_(torch.nn.init.kaiming_uniform_(torch.empty(a.shape), a=math.sqrt(5), generator=gen))
             m.lora_B[ADAPTER].weight.zero_()
+            setattr(m, UNMERGED, cfg.serve == "unmerged")  # the exact path computes as the engines serve
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_A." in name or ".lora_B." in name)
     return model
@@ -114,7 +115,7 @@ def base_digest(model: torch.nn.Module) -> str:
 def adapter_meta(model: torch.nn.Module, cfg: LoraConfig, digest: str) -> dict[str, Any]:
     """The manifest's adapter marker (weights/sync.py): what the tensors are and which base they belong to."""
     return {"rank": cfg.rank, "alpha": cfg.alpha, "scale": cfg.scale, "base_digest": digest,
-            "modules": sorted(lora_layers(model))}
+            "modules": sorted(lora_layers(model)), "serve": cfg.serve}
 
 
 def merge_and_unload(model: torch.nn.Module) -> torch.nn.Module:
