@@ -255,6 +255,9 @@ def test_an_unmerged_adapter_leaves_the_base_and_serves_the_same_policy(base):
             assert q._flywheel_lora is not None  # the factors beside it
             merged = await logprobs(engine, "merged")
             assert not torch.equal(q.weight, w0) and q._flywheel_lora is None
+            await logprobs(engine, "unmerged")  # then full weights: they are the policy, the factors come off
+            engine.update_weights(2, {n: t.detach().clone() for n, t in base.state_dict().items()})
+            assert q._flywheel_lora is None and engine.served_adapter() == {}
             return unmerged, merged
 
     (tok_u, lp_u), (tok_m, lp_m) = asyncio.run(both())

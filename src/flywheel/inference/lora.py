@@ -61,8 +61,12 @@ class AdapterMerger:
         """After a full-weights update of `names` (None = all): those tensors are the new base."""
         for n in list(self.base) if names is None else names:
             self.base.pop(n, None)
+        for m in sorted(self.attached):  # unmerged factors of a linear whose weight was replaced come off
+            if names is None or m + ".weight" in names:
+                setattr(self.modules[m], ATTACHED, None)
+                self.attached.discard(m)
         self._digest = None
-        if not self.base:
+        if not self.base and not self.attached:
             self.served, self.scale = {}, 0.0
 
     def prepare(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> tuple[list, dict]:

@@ -265,8 +265,8 @@ async def _stream(request: web.Request, st: ServingState, rec: KeyRecord, req: C
             if begun:
                 closed = True
                 break
-            if hold and text == raw:
-                ready = ready[:len(text) - hold]
+            if hold and text == raw:  # a stop string's first characters are not content yet either
+                ready = ready[:max(0, len(text) - hold)]
             if ready.startswith(emitted) and len(ready) > len(emitted) and not ready.endswith("\ufffd"):
                 await send({"content": ready[len(emitted):]})
                 emitted = ready
