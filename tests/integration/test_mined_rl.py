@@ -58,16 +58,19 @@ def test_rl_on_the_easiest_mined_tasks_grades_every_session_in_its_repo_env(demo
     tested = 0
     for s in sessions:
         task, reward = by_id[s.task_id], s.graded
-        assert s.env_failure is None and not reward.flags, (s.task_id, reward)
+        # the one flag an unsolved session may carry: its wrong answer equalled a twin's changed value (the suite
+        # verdict's documented price; the runs that kept the test as it is failed it)
+        twin_hit = reward.flags == ["verdict_forged"] and not all(st == "passed" for st in reward.tests.values())
+        assert s.env_failure is None and (not reward.flags or twin_hit), (s.task_id, reward)
         assert set(reward.components) <= {"tests", "tests_cached", "penalty", "not_submitted", "tests_not_run",
-                                          "suite_verdict", "twins", "untwinned", "no_twin",
+                                          "suite_verdict", "twins", "untwinned", "no_twin", "verdict_forged",
                                           "in_process_verdict", "guarded_untwinned"}, \
             reward.components  # no part from an error (a timeout, a bad report, a patch that failed)
         if s.meta.get("submitted"):  # graded: the project's suite ran, in the task's env, and reported every test
             tested += 1
             assert set(task.fail_to_pass + task.pass_to_pass) <= set(reward.tests), s.task_id
-            assert reward.value == float(all(reward.tests[t] == "passed" for t in task.fail_to_pass
-                                             + task.pass_to_pass)), (s.task_id, reward.value)
+            solved = all(reward.tests[t] == "passed" for t in task.fail_to_pass + task.pass_to_pass)
+            assert (reward.value <= 0 if twin_hit else reward.value == float(solved)), (s.task_id, reward.value)
         else:
             assert reward.value <= 0 and not reward.tests
     assert tested > 0
