@@ -197,17 +197,17 @@ def test_subscriber_installs_adapter_deltas_and_refuses_a_stale_engine(base, tmp
     assert refused.poll() is None and "base weights" in str(refused.last_error)
 
 
-def test_engine_and_trainer_log_probs_are_bit_identical_with_an_adapter(base):
-    t = _trainer(base, batch_invariant=True)
-    _randomize_b(t.model)
-    t.cfg = t.cfg.model_copy(update={"micro_batch_tokens": 96})
-    engine_model = copy.deepcopy(base)
+def _sampled_with_adapter(t: Trainer, base, n: int, attached: bool = False):
+    """(prompts, generations, trajectories) of `n` sessions sampled by a batch-invariant engine serving `t`'s
+    adapter; `attached`: the engine must hold it unmerged."""
     rng = random.Random(3)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(8)]
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(n)]
 
     async def sample():
-        async with LocalEngine(engine_model, batch_invariant=True) as engine:
+        async with LocalEngine(copy.deepcopy(base), batch_invariant=True) as engine:
             engine.update_adapter(1, t.state_dict_for_publish(), t.publish_meta())
+            q = engine.model.model.layers[0].self_attn.q_proj
+            assert (getattr(q, "_flywheel_lora", None) is not None) == attached
             return await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=6 + i,
                                                                            seed=i)) for i, p in enumerate(prompts)))
 
@@ -217,6 +217,14 @@ def test_engine_and_trainer_log_probs_are_bit_identical_with_an_adapter(base):
         seg = Segment(token_ids=p + g.token_ids, loss_mask=[0] * len(p) + [1] * len(g.token_ids),
                       logprobs=[0.0] * len(p) + g.logprobs, versions=[-1] * len(p) + g.versions)
         batch.append(Trajectory(task_id="t", group_id=f"g{i % 2}", segments=[seg], reward=Reward(value=float(i % 2))))
+    return prompts, gens, batch
+
+
+def test_engine_and_trainer_log_probs_are_bit_identical_with_an_adapter(base):
+    t = _trainer(base, batch_invariant=True)
+    _randomize_b(t.model)
+    t.cfg = t.cfg.model_copy(update={"micro_batch_tokens": 96})
+    prompts, gens, batch = _sampled_with_adapter(t, base, 8)
     m = t.step(batch)
     assert m["num_micro_batches"] > 1 and m["num_loss_tokens"] > 40
     assert m["mismatch/max_abs_diff"] == 0.0  # every sampled token's log-prob, bit for bit
@@ -271,21 +279,6 @@ def test_unmerged_engine_and_trainer_log_probs_are_bit_identical(base):
     t = Trainer(copy.deepcopy(base), TrainerConfig(lr=1e-2, micro_batch_tokens=96, lora=UNMERGED, correction="none"),
                 batch_invariant=True)
     _randomize_b(t.model)
-    rng = random.Random(3)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(6)]
-
-    async def sample():
-        async with LocalEngine(copy.deepcopy(base), batch_invariant=True) as engine:
-            engine.update_adapter(1, t.state_dict_for_publish(), t.publish_meta())
-            assert engine.model.model.layers[0].self_attn.q_proj._flywheel_lora is not None
-            return await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=6 + i,
-                                                                           seed=i)) for i, p in enumerate(prompts)))
-
-    gens = asyncio.run(sample())
-    batch = []
-    for i, (p, g) in enumerate(zip(prompts, gens)):
-        seg = Segment(token_ids=p + g.token_ids, loss_mask=[0] * len(p) + [1] * len(g.token_ids),
-                      logprobs=[0.0] * len(p) + g.logprobs, versions=[-1] * len(p) + g.versions)
-        batch.append(Trajectory(task_id="t", group_id=f"g{i % 2}", segments=[seg], reward=Reward(value=float(i % 2))))
+    _, _, batch = _sampled_with_adapter(t, base, 6, attached=True)
     m = t.step(batch)
     assert m["num_micro_batches"] > 1 and m["mismatch/max_abs_diff"] == 0.0  # bit for bit, unmerged on both sides

@@ -81,8 +81,7 @@ def learning_arms(base: Path, out_dir: Path, overrides: list[str], arms: list[st
         results[name] = {"overrides": ARMS[name], "pass1_before": summary["pass1_before"],
                          "pass1_after": summary["pass1_after"], "gain": summary["pass1_gain"],
                          "gain_se": summary.get("pass1_gain_se"), "wall_s": summary.get("arm_wall_s"),
-                         "k3_mean": _mean_metric(run_dir, "mismatch/k3"),
-                         "max_abs_dlogp_max": _max_metric(run_dir, "mismatch/max_abs_diff")}
+                         **_mismatch(run_dir)}
     if "baseline" in results:
         base_rows = _rows(out_dir / "baseline" / "eval_after.jsonl")
         for name, r in results.items():
@@ -92,21 +91,13 @@ def learning_arms(base: Path, out_dir: Path, overrides: list[str], arms: list[st
     return results
 
 
-def _metrics(run_dir: Path, key: str) -> list[float]:
+def _mismatch(run_dir: Path) -> dict[str, float | None]:
+    """The run's mean k3 and largest max |Δ log p| over its steps (metrics.jsonl, read once)."""
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [float(r[key]) for r in _rows(path) if isinstance(r.get(key), (int, float))]
-
-
-def _mean_metric(run_dir: Path, key: str) -> float | None:
-    values = _metrics(run_dir, key)
-    return sum(values) / len(values) if values else None
-
-
-def _max_metric(run_dir: Path, key: str) -> float | None:
-    values = _metrics(run_dir, key)
-    return max(values) if values else None
+    rows = _rows(path) if path.is_file() else []
+    k3 = [float(r["mismatch/k3"]) for r in rows if isinstance(r.get("mismatch/k3"), (int, float))]
+    dlogp = [float(r["mismatch/max_abs_diff"]) for r in rows if isinstance(r.get("mismatch/max_abs_diff"), (int, float))]
+    return {"k3_mean": sum(k3) / len(k3) if k3 else None, "max_abs_dlogp_max": max(dlogp) if dlogp else None}
 
 
 def run_learning(args) -> dict:

@@ -34,7 +34,7 @@ import ast
 import random
 from dataclasses import dataclass
 
-from flywheel.envs.twins import changed, compared, function_def, line_offsets, may_leave
+from flywheel.envs.twins import changed, compared_name, function_def, line_offsets, reads
 
 _VALUE_TYPES = (str, int, bool)
 Key = tuple[tuple[str, ...], str]  # (classes, function name) of a test function
@@ -89,10 +89,6 @@ def _argnames(node: ast.expr | None) -> tuple[list[str], bool] | None:
     return None
 
 
-def _reads(node: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
-
-
 def _table(tree: ast.Module, node: ast.expr) -> tuple[ast.List | ast.Tuple, str | None] | None:
     """The rows' container and the module-level name it is bound to (None: written in the decorator)."""
     if isinstance(node, (ast.List, ast.Tuple)):
@@ -109,9 +105,9 @@ def _table(tree: ast.Module, node: ast.expr) -> tuple[ast.List | ast.Tuple, str 
         if stmt is binds[0] or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         inner = stmt.body if isinstance(stmt, ast.ClassDef) else [stmt]
-        if isinstance(stmt, ast.ClassDef) and any(_reads(d, name) for d in stmt.decorator_list):
+        if isinstance(stmt, ast.ClassDef) and any(reads(d, name) for d in stmt.decorator_list):
             return None
-        if any(_reads(s, name) for s in inner if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        if any(reads(s, name) for s in inner if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))):
             return None
     return binds[0].value, name
 
@@ -119,17 +115,7 @@ def _table(tree: ast.Module, node: ast.expr) -> tuple[ast.List | ast.Tuple, str 
 def _expected_param(func: ast.FunctionDef, names: list[str]) -> str | None:
     stored = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     stored |= {g for n in ast.walk(func) if isinstance(n, (ast.Global, ast.Nonlocal)) for g in n.names}
-    read: set[str] = set()
-    for stmt in func.body:
-        sides = compared(stmt)
-        for i, side in enumerate(sides):
-            if (isinstance(side, ast.Name) and side.id in names and side.id not in stored | read
-                    and not _reads(sides[1 - i], side.id)):
-                return side.id
-        read |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
-        if may_leave(stmt):
-            break
-    return None
+    return compared_name(func.body, names, stored)
 
 
 def _readers(tree: ast.Module, name: str) -> tuple[frozenset[Key], frozenset[Key]]:
@@ -139,7 +125,7 @@ def _readers(tree: ast.Module, name: str) -> tuple[frozenset[Key], frozenset[Key
     for stmt in tree.body:
         for cls, body in [((), [stmt])] + ([((stmt.name,), stmt.body)] if isinstance(stmt, ast.ClassDef) else []):
             for f in body:
-                if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _reads(f, name):
+                if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) or not reads(f, name):
                     continue
                 call = _parametrize(f)  # type: ignore[arg-type]
                 table = _argument(call, 1, "argvalues") if call is not None else None

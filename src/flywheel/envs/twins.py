@@ -37,7 +37,7 @@ from __future__ import annotations
 import ast
 import random
 import string
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 _ASSERT_EQUAL = {"assertEqual", "assertEquals"}
@@ -63,12 +63,14 @@ def function_def(tree: ast.Module, classes: tuple[str, ...], name: str) -> ast.F
     return funcs[-1] if funcs else None  # type: ignore[return-value]
 
 
-def may_leave(stmt: ast.stmt) -> bool:
-    """Can the statement end the function early (a return or yield anywhere in it, nested functions aside)?"""
+def may_leave(stmt: ast.stmt, loop: bool = False) -> bool:
+    """Can the statement end the function early (a return or yield anywhere in it, nested functions aside)? With
+    `loop`, also a loop's iteration (a break or continue anywhere in it)."""
+    kinds: tuple[type, ...] = (ast.Return, ast.Yield, ast.YieldFrom) + ((ast.Break, ast.Continue) if loop else ())
     todo: list[ast.AST] = [stmt]
     while todo:
         node = todo.pop()
-        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
+        if isinstance(node, kinds):
             return True
         for child in ast.iter_child_nodes(node):
             if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
@@ -134,16 +136,26 @@ def _flat(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield stmt
 
 
-def _escapes(stmt: ast.stmt) -> bool:
-    """Can the statement leave a loop's iteration early (break, continue, return, yield; nested defs aside)?"""
-    todo: list[ast.AST] = [stmt]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom)):
-            return True
-        todo += [c for c in ast.iter_child_nodes(node)
-                 if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))]
-    return False
+def reads(node: ast.AST, name: str) -> bool:
+    """Does `node` read or bind the name anywhere in it?"""
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def compared_name(stmts: Iterable[ast.stmt], names: Collection[str], stored: set[str]) -> str | None:
+    """The first of `names` that is one side of a top-level equality in `stmts` (`compared`), not in `stored`, read
+    by no statement before it and absent from the other side; None when none is, or a statement that may leave
+    the function comes first. Changing that name's value changes only what the comparison expects."""
+    read: set[str] = set()
+    for stmt in stmts:
+        sides = compared(stmt)
+        for i, side in enumerate(sides):
+            if (isinstance(side, ast.Name) and side.id in names and side.id not in stored | read
+                    and not reads(sides[1 - i], side.id)):
+                return side.id
+        read |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+        if may_leave(stmt):
+            break
+    return None
 
 
 def _loop_rows(loop: ast.For) -> list[ast.expr]:
@@ -152,7 +164,8 @@ def _loop_rows(loop: ast.For) -> list[ast.expr]:
     nowhere in the body, absent from the other side), in rows that are literals without floats. Every row runs
     (the body cannot leave an iteration early), so a correct fix fails the row whose value changed."""
     target, rows = loop.target, loop.iter
-    if not isinstance(rows, (ast.List, ast.Tuple)) or not rows.elts or loop.orelse or any(map(_escapes, loop.body)):
+    if not isinstance(rows, (ast.List, ast.Tuple)) or not rows.elts or loop.orelse \
+            or any(may_leave(s, loop=True) for s in loop.body):
         return []
     if isinstance(target, ast.Name):
         names = [target.id]
@@ -161,16 +174,7 @@ def _loop_rows(loop: ast.For) -> list[ast.expr]:
     else:
         return []
     stored = {n.id for s in loop.body for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    read: set[str] = set()
-    param = None
-    for stmt in _flat(loop.body):
-        sides = compared(stmt)
-        param = next((side.id for i, side in enumerate(sides) if isinstance(side, ast.Name) and side.id in names
-                      and side.id not in stored | read
-                      and not any(isinstance(n, ast.Name) and n.id == side.id for n in ast.walk(sides[1 - i]))), None)
-        if param is not None:
-            break
-        read |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    param = compared_name(_flat(loop.body), names, stored)
     if param is None:
         return []
     out = []
