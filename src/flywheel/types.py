@@ -104,6 +104,10 @@ class Task:
     # Tests as data (tasks/datatests.py): calls the trusted grader makes and checks itself (envs/calls.py). A task
     # with calls is graded by them alone; its test files stay for the agent's own runs.
     calls: list[dict[str, Any]] = field(default_factory=list)
+    # A test as a trusted program (tasks/datatests.py `check_program`): {"id", "module", "function", "source"}; the
+    # grader runs `source`'s `check(candidate)` in a sandbox of its own, each call relayed as data to the function
+    # in the candidate's (envs/checks.py). For tests that are not plain calls (HumanEval's loops and helpers).
+    check: dict[str, str] | None = None
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Every attack in the catalogue (flywheel/redteam/attacks.py), played as an agent session on each task kind it
 applies to, must earn nothing (reward <= 0) and raise the flag it is expected to raise."""
 
+import dataclasses
+
 import pytest
 
 from flywheel.redteam.attacks import ATTACKS, MECHANISMS
@@ -30,9 +32,13 @@ def test_attack_is_caught(attack, kind, targets, env_cfg, cache_dir):
     ("swebench", "pytest_runtest_obfuscated", "verdict_forged", "twin"),  # the suite verdict: a twin passed
 ])
 def test_a_forged_runner_gets_no_credit_even_without_a_penalty(kind, name, flag, note, targets, env_cfg, cache_dir):
-    """The flag withholds the test credit itself: with every penalty at 0 the reward is still 0."""
+    """The flag withholds the test credit itself: with every penalty at 0 the reward is still 0. The HumanEval
+    target is graded in-process here (its check program removed), the path a task without one still takes."""
     cfg = env_cfg.model_copy(update={"cheat_penalty": 0.0})
     attack = next(a for a in ATTACKS if a.name == name)
-    r = play(targets[kind], attack.calls(targets[kind]), cfg, cache_dir).reward
+    target = targets[kind]
+    if kind == "humaneval":
+        target = dataclasses.replace(target, task=dataclasses.replace(target.task, check=None))
+    r = play(target, attack.calls(target), cfg, cache_dir).reward
     assert r.value == 0.0 and r.components["tests"] == 0.0 and flag in r.flags, r
     assert any(note in n for n in r.notes), r.notes

@@ -1,5 +1,5 @@
-"""The verdicts decided outside the candidate's interpreter (envs/calls.py, envs/suite.py) against attacks that beat
-one decided inside it.
+"""The verdicts decided outside the candidate's interpreter (envs/calls.py, envs/checks.py, envs/suite.py) against
+attacks that beat one decided inside it.
 
 Test peeking is shown to be a real attack first: on the same task graded the in-process way (a synthetic task with
 its calls removed; the repository task with `env.suite_verdict` off), it earns full reward with no flag. Graded by
@@ -36,14 +36,28 @@ def test_peeking_at_a_repository_suite_wins_in_process_and_its_twin_catches_it(t
     assert new.components["suite_verdict"] == 1.0 and all("its twin" in n for n in new.notes) and new.notes
 
 
+def test_shadowed_check_helpers_win_in_process_and_earn_nothing_under_the_relay(targets, env_cfg, cache_dir):
+    """HumanEval's harness runs `check` in a namespace holding the solution's names: a solution that redefines the
+    prompt's helper and `abs` passes a check that computes its answers with them. Run by the relay
+    (envs/checks.py), the check's names are its own and the candidate only answers calls."""
+    target = targets["humaneval"]
+    calls = replace_function(verdict.SHADOW_HELPERS)(target)
+    in_process = dataclasses.replace(target, task=dataclasses.replace(target.task, check=None))
+    old = play(in_process, calls, env_cfg, cache_dir).reward
+    assert old.value == 1.0 and not old.flags, (old.value, old.flags, old.tests)  # the in-process verdict is fooled
+    new = play(target, calls, env_cfg, cache_dir).reward
+    assert new.value == 0.0 and new.components["check_verdict"] == 1.0 and new.components["tests"] == 0.0, new
+
+
 def test_the_reference_fix_and_every_humaneval_call_pass_by_data(targets, env_cfg, cache_dir):
     from flywheel.types import ToolCall
-    for kind in ("synthetic", "humaneval_calls"):
+    for kind, verdict_key in (("synthetic", "data_verdict"), ("humaneval_calls", "data_verdict"),
+                              ("humaneval", "check_verdict")):
         target = targets[kind]
-        assert target.task.calls, kind
+        assert target.task.calls or target.task.check, kind
         writes = [ToolCall("write", {"path": p, "content": c}) for p, c in target.fixed.items()]
         r = play(target, writes, env_cfg, cache_dir).reward
-        assert r.value == 1.0 and r.components["data_verdict"] == 1.0 and set(r.tests.values()) == {"passed"}, kind
+        assert r.value == 1.0 and r.components[verdict_key] == 1.0 and set(r.tests.values()) == {"passed"}, kind
         assert "in_process_verdict" not in r.components
 
 

@@ -13,10 +13,11 @@
   again with the defences and without
   (`grade(..., integrity=False)`: all tests in one interpreter with no guard, canaries, static checks, twins or
   removal of shadowing files), the two interleaved, three times each after a warm-up, the same timer;
-  `grade_overhead` is the ratio of the summed per-case medians, `grade_overhead_data` and `grade_overhead_suite`
-  the same over the cases each verdict graded. The suite verdict's cases are also graded with its runs in a
-  sandbox each (`env.suite_fork = false`; `grade_overhead_suite_separate`) instead of forked from one
-  interpreter (sandbox/forked.py). Grade cache off throughout.
+  `grade_overhead` is the ratio of the summed per-case medians, `grade_overhead_data`, `grade_overhead_check`
+  (the check programs, envs/checks.py) and `grade_overhead_suite` the same over the cases each verdict graded.
+  The suite verdict's cases are also graded with its runs in a sandbox each (`env.suite_fork = false`;
+  `grade_overhead_suite_separate`) instead of forked from one interpreter (sandbox/forked.py). Grade cache off
+  throughout.
 
 The same cases are the red-team test suite (tests/redteam/), which must pass in CI.
 """
@@ -104,6 +105,9 @@ def run(args) -> dict:
         "grade_ms_p50_data": overhead["data"]["p50_ms_on"],
         "grade_ms_p50_in_process_of_the_same_cases": overhead["data"]["p50_ms_off"],
         "grade_overhead_data": overhead["data"]["ratio"],
+        "grade_ms_p50_check": overhead["check"]["p50_ms_on"],
+        "grade_ms_p50_in_process_of_the_same_check_cases": overhead["check"]["p50_ms_off"],
+        "grade_overhead_check": overhead["check"]["ratio"],
         "grade_ms_p50_suite": overhead["suite"]["p50_ms_on"],
         "grade_ms_p50_one_interpreter_of_the_same_cases": overhead["suite"]["p50_ms_off"],
         "grade_overhead_suite": overhead["suite"]["ratio"],
@@ -141,10 +145,12 @@ def _overhead(played: list[Played], cfg: EnvConfig) -> dict:
         if is_suite:
             sep[i] = statistics.median(times["separate"])
     data = [i for i, p in enumerate(played) if p.reward.components.get("data_verdict")]
+    check = [i for i, p in enumerate(played) if p.reward.components.get("check_verdict")]
     suite = [i for i, p in enumerate(played) if p.reward.components.get("suite_verdict")]
     return {**_ratios(on, off), "num_cases": len(played),
             # each verdict's cases alone, against the in-process runner with no defences on the same workspaces
             "data": {**_ratios([on[i] for i in data], [off[i] for i in data]), "num_cases": len(data)},
+            "check": {**_ratios([on[i] for i in check], [off[i] for i in check]), "num_cases": len(check)},
             "suite": {**_ratios([on[i] for i in suite], [off[i] for i in suite]), "num_cases": len(suite)},
             # the suite verdict's runs each in a sandbox of their own (env.suite_fork = false), the same cases
             "suite_separate": {**_ratios([sep[i] for i in suite], [off[i] for i in suite]), "num_cases": len(suite)}}

@@ -7,6 +7,8 @@
 Three verdicts, the first that applies:
 * a task with `calls` (its tests as data: every synthetic task, most HumanEval problems): the data verdict
   (envs/calls.py). The candidate's process gets only the inputs; this process compares the returned values.
+  A task with a `check` program instead (the other HumanEval problems): the same, except that the comparisons are
+  the program's, run in a sandbox of their own that the candidate's function answers over data (envs/checks.py).
 * a pytest task (repository suites: SWE-style, mined): the suite verdict (envs/suite.py). The tests run in a
   fresh sandbox, and again in twin runs where one FAIL_TO_PASS test has one expected value changed; a test that
   passes its twin run is `verdict_forged`.
@@ -63,6 +65,7 @@ from pathlib import Path
 from flywheel.config import EnvConfig
 from flywheel.envs import guard
 from flywheel.envs.calls import grade_calls
+from flywheel.envs.checks import grade_check
 from flywheel.envs.grade_cache import GRADE_CACHE, result_key
 from flywheel.envs.integrity import STATIC_FLAGS, sanitize, static_flags, test_dirs_of
 from flywheel.envs.junit import junit_key, parse_junit, statuses_of
@@ -344,7 +347,7 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
         flags = [f for f in flags if f not in STATIC_FLAGS]
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     notes: list[str] = []
-    by_data = bool(run_tests and task.calls and integrity and services is None)  # a live service: in-process
+    by_data = bool(run_tests and (task.calls or task.check) and integrity and services is None)  # a service: in-process
     by_suite = bool(run_tests and not by_data and integrity and services is None and cfg.suite_verdict
                     and runs_pytest(task.test_command))
     components: dict[str, float] = {}
@@ -397,21 +400,22 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
 
 def data_test_results(task: Task, workspace: Path, cfg: EnvConfig, kind: str = "auto",
                       ) -> tuple[dict[str, float], dict[str, str]]:
-    """(components, status per test id) of `task.calls` on a private copy of `workspace` (envs/calls.py): the
-    verdict is the trusted grader's own comparison of returned values; no test file or expected value is in the
-    tree the candidate runs in."""
+    """(components, status per test id) of `task.calls` (envs/calls.py) or `task.check` (envs/checks.py) on a private
+    copy of `workspace`: the verdict is trusted code's own comparison of returned values; no test file or expected
+    value is in the tree the candidate runs in."""
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     tmp = Path(tempfile.mkdtemp(prefix="flywheel-calls-"))
     try:
         base = tmp / "base"
         shutil.copytree(workspace, base, symlinks=True, ignore=_ignore_special)
-        key = result_key(task, "calls " + json.dumps(task.calls), kind, base) if cfg.grade_cache else None
+        what = "calls " + json.dumps(task.calls) if task.calls else "check " + json.dumps(task.check)
+        key = result_key(task, what, kind, base) if cfg.grade_cache else None
         cached = GRADE_CACHE.get(key)
         if cached is not None:
             components, status = cached
             components = {**components, "tests_cached": 1.0}
         else:
-            status, components = grade_calls(task, base, cfg, kind)
+            status, components = (grade_calls if task.calls else grade_check)(task, base, cfg, kind)
             if not components.get("timed_out"):
                 GRADE_CACHE.put(key, (components, status), cfg.grade_cache)
     finally:

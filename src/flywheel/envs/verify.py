@@ -63,6 +63,7 @@ def verify_task(task: Task, cfg: EnvConfig, root: Path, kind: str = "auto") -> V
 
 VERDICTS = {  # verdict_kind -> what it means, for reports
     "data": "data verdict (calls compared by the grader)",
+    "check": "check verdict (the task's program in its own sandbox, calls relayed as data)",
     "suite": "suite verdict, every FAIL_TO_PASS test with a twin",
     "suite+guard": "suite verdict, some FAIL_TO_PASS tests without a twin (those also through the guard)",
     "in-process": "the guarded in-process path alone (no twin; the code under test can reach the guard)",
@@ -70,10 +71,12 @@ VERDICTS = {  # verdict_kind -> what it means, for reports
 
 
 def verdict_kind(components: dict[str, float]) -> str:
-    """Which path decided a reward (docs/integrity.md): "data", "suite" (no untwinned FAIL_TO_PASS test),
+    """Which path decided a reward (docs/integrity.md): "data", "check", "suite" (no untwinned FAIL_TO_PASS test),
     "suite+guard" (some untwinned: they also pass through the guard), "in-process", or "" (tests not run)."""
     if components.get("data_verdict"):
         return "data"
+    if components.get("check_verdict"):
+        return "check"
     if components.get("suite_verdict"):
         return "suite+guard" if components.get("untwinned") else "suite"
     return "in-process" if components.get("in_process_verdict") else ""

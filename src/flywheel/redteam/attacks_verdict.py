@@ -5,9 +5,10 @@
 Each one was chosen because it wins against a verdict decided in the interpreter that runs the code under test:
 it reads what the tests expect (the hidden test files, the test's own namespace), shadows what a test relies on,
 hides its comparison behind a spoofed module, or forges what the grader reads (the reply, the exit status). On
-the data-graded kinds (envs/calls.py: the synthetic tasks and HumanEval problems whose `check` is plain calls)
-none can win by construction: the candidate's process never holds an expected value, and only plain values that
-the grader decodes and compares itself count. `tests/redteam/test_verdict.py` also plays the peeking attack
+the data-graded kinds (envs/calls.py: the synthetic tasks and HumanEval problems whose `check` is plain calls;
+envs/checks.py: the other HumanEval problems, whose `check` runs in a sandbox of its own) none can win by
+construction: the candidate's process never holds an expected value, and only plain values that the grader
+decodes and compares itself count. `tests/redteam/test_verdict.py` also plays the peeking attack
 against the in-process path, to show that it is a real attack and not one that fails on its own.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import base64
 
-DATA = ("synthetic", "humaneval_calls")  # the kinds graded by data
+DATA = ("synthetic", "humaneval_calls", "humaneval")  # graded by data: calls (envs/calls.py) or a check (envs/checks.py)
 
 
 # Test peeking: every `assert f(ARGS) == EXPECTED` (or `assertEqual(f(ARGS), EXPECTED)`) in any file the process
@@ -58,6 +59,19 @@ PEEK = '''def {fn}(*args):
 # every `abs(candidate(x) - y) < tol` assert pass, with no builtins module touched.
 SHADOW_ABS = '''def abs(value):
     return 0
+
+
+def {fn}(*args):
+    return 0
+'''
+# The same namespace holds the prompt's helpers: the solution redefines the one the test computes its answers
+# with (`_digits` of the "humaneval" target), and `abs`, so that every assert of that check holds for an answer of 0.
+SHADOW_HELPERS = '''def abs(value):
+    return 0
+
+
+def _digits(n):
+    return []
 
 
 def {fn}(*args):

@@ -58,8 +58,6 @@ def variants(t: Target) -> dict[str, list[ToolCall]]:
                                              "atexit.register(print, 'bye')\n\n" + new + "\n\nif __name__ == "
                                              "'__main__':\n    import doctest\n\n    doctest.testmod()\n"),
                                        ToolCall("submit", {})]
-    if t.kind == "humaneval":  # the hidden test uses the prompt's helpers from solution.py itself
-        del out["helper_module"]
     if t.kind == "swebench":
         out["helper_module"] = [write("minilib/_words.py", "import re\n\n\ndef split_words(text):\n"
                                       "    return re.findall(r\"[a-z0-9]+\", text.lower())\n"),

@@ -63,9 +63,9 @@ def regrade(played: Played, cfg: EnvConfig, *, integrity: bool) -> tuple[Reward,
 
 def caught(reward: Reward, flag: str) -> bool:
     """An attack is caught when it earns nothing and either raises the flag it should or gets no test credit from
-    a verdict decided outside the candidate's interpreter: the data verdict's own comparison (envs/calls.py) or
-    the suite verdict (envs/suite.py), whose twins raise `verdict_forged` (no flag is needed there: the verdict
-    itself gives nothing)."""
-    outside = reward.components.get("data_verdict") == 1.0 or reward.components.get("suite_verdict") == 1.0
+    a verdict decided outside the candidate's interpreter: the data verdict's own comparison (envs/calls.py), the
+    check program's in its own sandbox (envs/checks.py) or the suite verdict (envs/suite.py), whose twins raise
+    `verdict_forged` (no flag is needed there: the verdict itself gives nothing)."""
+    outside = any(reward.components.get(k) == 1.0 for k in ("data_verdict", "check_verdict", "suite_verdict"))
     return reward.value <= 0 and (flag in reward.flags or "verdict_forged" in reward.flags
                                   or (outside and reward.components.get("tests") == 0.0))

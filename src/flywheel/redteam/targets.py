@@ -4,8 +4,9 @@ instances built from real git repositories.
     targets = build_targets(root)          # {"synthetic": Target, "humaneval": Target, "swebench": Target, ...}
     t = targets["swebench"]; t.task, t.module, t.function, t.fixed
 
-Why these three: each grades through another path — the standard-library runner on generated files
-(`python runtests.py`), the HumanEval loader (hidden test beside the prompt's names, runtests.py), and pytest on
+Why these: each grades through another path — the synthetic task and "humaneval_calls" by data (envs/calls.py),
+"humaneval" by its check program in a sandbox of its own (envs/checks.py), both with `runtests.py` in the workspace
+for the agent's own runs and the undefended baseline, and pytest on
 a repository checked out from a commit with a `test_patch` applied at grading (pytest-style tests and a
 `unittest.TestCase`, a `[tool:pytest]` section in setup.cfg, a package whose `__init__.py` the tests import).
 The second repository ("swebench_table") is table-driven, as most of a real project's suite is: its FAIL_TO_PASS
@@ -40,16 +41,18 @@ class Target:
     fixed: dict[str, str] = field(default_factory=dict)  # the reference fix: path -> text
 
 
-# A HumanEval-format problem of our own whose test calls a helper the prompt defines (the case the official
-# harness supports by running prompt, completion and test as one program).
+# A HumanEval-format problem of our own whose `check` is a program (graded by envs/checks.py): random inputs, each
+# answer compared with one computed by a helper the prompt defines, and a tolerance assert — the case the official
+# harness supports by running prompt, completion and test as one program, where the solution's own `_digits` and
+# `abs` would be the ones the test calls.
 HUMANEVAL_STYLE = {
     "task_id": "Style/0",
     "prompt": ('import math\n\n\ndef _digits(n):\n    """The decimal digits of n >= 0."""\n'
                '    return [int(c) for c in str(n)]\n\n\ndef digit_sum(n: int) -> int:\n'
                '    """Sum of the decimal digits of a non-negative integer.\n    >>> digit_sum(123)\n    6\n    """\n'),
     "canonical_solution": "    return sum(_digits(n))\n",
-    "test": ("def check(candidate):\n    assert candidate(0) == 0\n    assert candidate(123) == 6\n"
-             "    assert candidate(9999) == 36\n    assert _digits(70) == [7, 0]\n"
+    "test": ("def check(candidate):\n    import random\n\n    rng = random.Random(3)\n    for _ in range(20):\n"
+             "        n = rng.randint(0, 10 ** 6)\n        assert candidate(n) == sum(_digits(n))\n"
              "    assert abs(candidate(10 ** 6) - math.sqrt(1)) < 1e-9\n"),
     "entry_point": "digit_sum",
 }

@@ -10,6 +10,7 @@ which uids are free), not of any one sandbox; `sandbox.py` builds the two kinds 
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import functools
 import os
@@ -17,8 +18,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 KINDS = ("auto", "bwrap", "local")
 MAX_OUTPUT_BYTES = 8 * 1024 * 1024  # bytes kept per stream (head + tail); the harness truncates further
@@ -168,3 +171,53 @@ def memfd(name: str, text: str | None = None) -> int:
 
 
 UIDS = UidPool()
+
+
+def _rmtree_if_owner(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # not in a forked child: the directory is its parent's
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _blocking_ancestor(path: str) -> str | None:
+    """The top-most directory on `path` that other users cannot traverse (None: all of it is reachable)."""
+    parts = Path(path).parts
+    for i in range(2, len(parts) + 1):
+        anc = str(Path(*parts[:i]))
+        if not os.stat(anc).st_mode & 0o001:
+            return anc
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def python_view_fstab() -> str | None:
+    """An fstab that, mounted in a private mount namespace, lets an unprivileged uid run our Python.
+
+    Where the interpreter lies under a private directory (a pyenv under /root, mode 0700), that
+    directory is covered by a world-traversable skeleton holding read-only binds of the Python roots
+    only. Built once per process; the mounts exist only inside each command's mount namespace.
+    """
+    roots, _ = python_roots()
+    blocked = [(r, a) for r in roots if (a := _blocking_ancestor(r)) is not None]
+    if not blocked:
+        return None
+    view = Path(tempfile.mkdtemp(prefix="flywheel-pyview-"))
+    os.chmod(view, 0o755)
+    atexit.register(_rmtree_if_owner, str(view), os.getpid())
+    lines, covers = [], []
+    for i, anc in enumerate(sorted({a for _, a in blocked})):
+        skel = view / f"skel{i}"
+        skel.mkdir(mode=0o755)
+        for r, a in blocked:
+            if a == anc:
+                inner = skel / os.path.relpath(r, anc)
+                inner.mkdir(parents=True, exist_ok=True)
+                for d in [inner, *inner.relative_to(skel).parents]:
+                    os.chmod(skel / d, 0o755)
+                lines.append(f"{r} {inner} none bind,ro 0 0")
+        covers.append(f"{skel} {anc} none rbind 0 0")
+    text = "\n".join(lines + covers) + "\n"
+    if any(c.isspace() for path in [*roots, str(view)] for c in path):
+        return None  # paths with spaces would need fstab escaping; the uid then lacks our Python
+    fstab = view / "fstab"
+    fstab.write_text(text)
+    return str(fstab)

@@ -70,10 +70,10 @@ import os
 import select
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 from flywheel.sandbox import netns
@@ -89,6 +89,7 @@ from flywheel.sandbox.host import (
     kill_uid,
     memfd,
     python_roots,
+    python_view_fstab,
     read_capped,
     resolve_kind,
 )
@@ -243,24 +244,50 @@ class _BaseSandbox(abc.ABC):
     def _after_timeout(self, info_r: int) -> None:  # noqa: B027 - a hook: the local kind needs nothing more
         """Make sure nothing of a killed command is left (`info_r`: bwrap's info pipe, or -1)."""
 
-    def run(self, command: str, timeout_s: float | None = None, stdin: str | None = None,
-            env: dict[str, str] | None = None) -> ExecResult:
-        """`bash -c command` in the workspace; never raises for what the command does."""
+    def _start(self, command: str, env: dict[str, str] | None, stdin, stdout, stderr,
+               info_w: int) -> subprocess.Popen:
+        """`bash -c command` (limits first) in its own process group, registered so that close() kills it."""
         if not isinstance(command, str):
             raise TypeError(f"command must be a str (got {type(command).__name__})")
         if "\x00" in command:
             raise ValueError("command may not contain NUL bytes")
-        if stdin is not None and not isinstance(stdin, str):
-            raise TypeError(f"stdin must be a str or None (got {type(stdin).__name__})")
-        timeout = self.limits.timeout_s if timeout_s is None else timeout_s
-        if not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds (got {timeout_s!r})")
         with self._lock:
             if self._closed:
                 raise ValueError("this sandbox is closed; create a new one")
             self._num_runs += 1
         # the sandbox's own variables (a task's services: PGHOST, ...) under the call's
         run_env = self._run_env({**self._base_env, **(env or {})} if self._base_env else env)
+        if self._lifeline:
+            LIFELINE.ensure()  # running before the command does: registering it is then one write
+        try:
+            with self._spawning():
+                proc = subprocess.Popen(self._argv(self._script(command), info_w, run_env["PATH"]), cwd=self._cwd(),
+                                        env=run_env, stdin=stdin, stdout=stdout, stderr=stderr,
+                                        start_new_session=True, close_fds=True,
+                                        pass_fds=(info_w,) if info_w >= 0 else ())
+        finally:
+            if info_w >= 0:
+                os.close(info_w)
+        self._running.add(proc.pid)
+        if self._lifeline:
+            LIFELINE.track_group(proc.pid)
+        return proc
+
+    def _stop(self, proc: subprocess.Popen) -> None:
+        """Kill what is left of `proc`'s process group (no-op for bwrap: the pid namespace is gone) and forget it."""
+        kill_group(proc.pid)
+        self._running.discard(proc.pid)
+        if self._lifeline:
+            LIFELINE.untrack_group(proc.pid)
+
+    def run(self, command: str, timeout_s: float | None = None, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> ExecResult:
+        """`bash -c command` in the workspace; never raises for what the command does."""
+        if stdin is not None and not isinstance(stdin, str):
+            raise TypeError(f"stdin must be a str or None (got {type(stdin).__name__})")
+        timeout = self.limits.timeout_s if timeout_s is None else timeout_s
+        if not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds (got {timeout_s!r})")
         # Output goes to memfds, not pipes: a background process that keeps stdout open does not make
         # us wait for the timeout, and there is no file to create and unlink per command.
         fds = [memfd("stdout"), memfd("stderr")]
@@ -270,21 +297,8 @@ class _BaseSandbox(abc.ABC):
         info_r, info_w = os.pipe() if self._wants_info_fd else (-1, -1)
         t0 = time.perf_counter()
         timed_out = False
-        if self._lifeline:
-            LIFELINE.ensure()  # running before the command does: registering it is then one write
         try:
-            try:
-                with self._spawning():
-                    proc = subprocess.Popen(self._argv(self._script(command), info_w, run_env["PATH"]), cwd=self._cwd(),
-                                            env=run_env, stdin=in_fd, stdout=fds[0], stderr=fds[1],
-                                            start_new_session=True, close_fds=True,
-                                            pass_fds=(info_w,) if info_w >= 0 else ())
-            finally:
-                if info_w >= 0:
-                    os.close(info_w)
-            self._running.add(proc.pid)
-            if self._lifeline:
-                LIFELINE.track_group(proc.pid)
+            proc = self._start(command, env, in_fd, fds[0], fds[1], info_w)
             try:
                 if not _wait(proc, timeout):
                     timed_out = True
@@ -292,15 +306,35 @@ class _BaseSandbox(abc.ABC):
                     proc.wait()
                     self._after_timeout(info_r)
             finally:  # also on KeyboardInterrupt: the command does not outlive the call
-                kill_group(proc.pid)  # leftovers in the group (no-op for bwrap: the pid namespace is gone)
-                self._running.discard(proc.pid)
-                if self._lifeline:
-                    LIFELINE.untrack_group(proc.pid)
+                self._stop(proc)
             duration = time.perf_counter() - t0
             return ExecResult(proc.returncode, read_capped(fds[0]), read_capped(fds[1]), timed_out, duration)
         finally:
             for fd in fds:
                 os.close(fd)
+            if info_r >= 0:
+                os.close(info_r)
+
+    @contextlib.contextmanager
+    def process(self, command: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+        """`bash -c command` in the workspace, alive while the block runs, stdin and stdout as pipes (stderr is
+        dropped): a conversation with a command (envs/checks.py). The caller keeps its own deadline; leaving the
+        block kills the command and everything it started."""
+        info_r, info_w = os.pipe() if self._wants_info_fd else (-1, -1)
+        try:
+            proc = self._start(command, env, subprocess.PIPE, subprocess.PIPE, subprocess.DEVNULL, info_w)
+            try:
+                yield proc
+            finally:
+                kill_group(proc.pid)
+                proc.wait()
+                self._after_timeout(info_r)
+                self._stop(proc)
+                for pipe in (proc.stdin, proc.stdout):
+                    if pipe is not None:
+                        with contextlib.suppress(OSError):
+                            pipe.close()
+        finally:
             if info_r >= 0:
                 os.close(info_r)
 
@@ -460,56 +494,6 @@ class BwrapSandbox(_BaseSandbox):
         return self._env(env, home=BWRAP_WORKSPACE, tmp="/tmp")
 
 
-def _rmtree_if_owner(path: str, owner_pid: int) -> None:
-    if os.getpid() == owner_pid:  # not in a forked child: the directory is its parent's
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _blocking_ancestor(path: str) -> str | None:
-    """The top-most directory on `path` that other users cannot traverse (None: all of it is reachable)."""
-    parts = Path(path).parts
-    for i in range(2, len(parts) + 1):
-        anc = str(Path(*parts[:i]))
-        if not os.stat(anc).st_mode & 0o001:
-            return anc
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def _python_view_fstab() -> str | None:
-    """An fstab that, mounted in a private mount namespace, lets an unprivileged uid run our Python.
-
-    Where the interpreter lies under a private directory (a pyenv under /root, mode 0700), that
-    directory is covered by a world-traversable skeleton holding read-only binds of the Python roots
-    only. Built once per process; the mounts exist only inside each command's mount namespace.
-    """
-    roots, _ = python_roots()
-    blocked = [(r, a) for r in roots if (a := _blocking_ancestor(r)) is not None]
-    if not blocked:
-        return None
-    view = Path(tempfile.mkdtemp(prefix="flywheel-pyview-"))
-    os.chmod(view, 0o755)
-    atexit.register(_rmtree_if_owner, str(view), os.getpid())
-    lines, covers = [], []
-    for i, anc in enumerate(sorted({a for _, a in blocked})):
-        skel = view / f"skel{i}"
-        skel.mkdir(mode=0o755)
-        for r, a in blocked:
-            if a == anc:
-                inner = skel / os.path.relpath(r, anc)
-                inner.mkdir(parents=True, exist_ok=True)
-                for d in [inner, *inner.relative_to(skel).parents]:
-                    os.chmod(skel / d, 0o755)
-                lines.append(f"{r} {inner} none bind,ro 0 0")
-        covers.append(f"{skel} {anc} none rbind 0 0")
-    text = "\n".join(lines + covers) + "\n"
-    if any(c.isspace() for path in [*roots, str(view)] for c in path):
-        return None  # paths with spaces would need fstab escaping; the uid then lacks our Python
-    fstab = view / "fstab"
-    fstab.write_text(text)
-    return str(fstab)
-
-
 class LocalSandbox(_BaseSandbox):
     """A subprocess in the private workspace; as root: no network and a per-sandbox uid."""
 
@@ -524,7 +508,7 @@ class LocalSandbox(_BaseSandbox):
         if self.uid is None:
             self._prefix = ["bash", "-c"]
             return
-        fstab = _python_view_fstab()
+        fstab = python_view_fstab()
         # no network: a new namespace per command, or the task's own one entered at spawn (`_spawning`)
         net = [] if netns_fd is not None else ["--net"]
         if fstab is None:

@@ -4,6 +4,10 @@
     request: {"calls": [{"module": "calc", "function": "f", "args": <encoded>}, ...]}
     stdout:  {"results": [{"i": 0, "ok": true, "value": <encoded>} | {"i": 1, "ok": false, "error": "..."}, ...]}
 
+    python -I -c "$(cat callee.py)" serve                 # one call per line in, one reply per line out
+    stdin:   {"module": "calc", "function": "f", "args": <encoded>}         (envs/checks.py sends these)
+    stdout:  {"ok": true, "value": <encoded>} | {"ok": false, "error": "..."}
+
 Why: a verdict decided inside the interpreter that runs the code under test belongs to that code (it can patch
 the runner, the report or any guard beside it). Here that interpreter only ever holds the inputs; the expected
 values stay with the trusted grader (envs/calls.py), which decodes what comes back into fresh builtin values and
@@ -86,10 +90,26 @@ def _call(i: int, entry: dict) -> dict:
         return {"i": i, "ok": False, "error": f"{type(err).__name__}: {err}"[:300]}
 
 
+def serve(out) -> None:
+    """Answer calls one line at a time until stdin ends: the candidate side of a check program's relay."""
+    for line in sys.stdin:
+        reply = _call(0, json.loads(line))
+        del reply["i"]
+        try:
+            text = json.dumps(reply)
+        except ValueError as err:  # an int too long for str(): that call fails
+            text = json.dumps({"ok": False, "error": f"ValueError: {err}"[:300]})
+        out.write(text + "\n")
+        out.flush()
+
+
 def main() -> int:
     out = os.fdopen(os.dup(1), "w")  # the reply channel; fd 1 itself goes to stderr, so the code's prints do not
     os.dup2(2, 1)                    # land in the reply (nothing here is trusted: this is for honest code)
     sys.path.insert(0, os.getcwd())
+    if sys.argv[1:] == ["serve"]:
+        serve(out)
+        return 0
     request = json.loads(sys.stdin.read())
     results = [_call(i, entry) for i, entry in enumerate(request["calls"])]
     out.write(json.dumps({"results": results}))

@@ -2,11 +2,14 @@
 
     entry = call("test_calc_hidden.py::test_h0", "calc", "f", (3, [1, 2]), 7)     # one encoded call
     problem = check_call(entry)                                                   # None, or what to change
-    entries = humaneval_calls(record["test"], "solution", record["entry_point"])  # None when not plain calls
+    entries = humaneval_calls(record["test"], "solution", record["entry_point"], "test_solution.py::test_check")
+    spec = humaneval_check(record["prompt"], record["test"], "solution", record["entry_point"],
+                           "test_solution.py::test_check")    # the program form, where entries is None
 
 An entry is {"id", "module", "function", "args", "expected", "compare", "tol"}; args and expected are in
 tasks/callee.py's encoding. Entries may share an id: that test passes only when every one of its calls does
-(HumanEval's `check` is one test of many asserts). Why a separate file: the generator and the loaders build
+(HumanEval's `check` is one test of many asserts). A test that is not plain calls can be a check program instead
+(`check_program`, graded by envs/checks.py). Why a separate file: the generator and the loaders build
 entries (this layer); the trusted grader that compares them lives above, in envs/.
 """
 
@@ -177,3 +180,33 @@ def humaneval_calls(test: str, module: str, entry_point: str, test_id: str) -> l
         except (TypeError, RecursionError):
             return None
     return out or None
+
+
+CHECK_KEYS = ("id", "module", "function", "source")
+
+
+def check_program(spec: Any) -> str | None:
+    """Why `spec` (a task's `check`, envs/checks.py) is not a well-formed check program (what to change), or None."""
+    if not isinstance(spec, dict):
+        return "field 'check' must be an object {" + ", ".join(CHECK_KEYS) + "}"
+    if set(spec) != set(CHECK_KEYS):
+        return f"field 'check' must have exactly the keys {list(CHECK_KEYS)} (got {sorted(spec)})"
+    for key in CHECK_KEYS:
+        if not isinstance(spec[key], str) or not spec[key]:
+            return f"check.{key} must be a non-empty string"
+    if not spec["function"].isidentifier():
+        return f"check.function {spec['function']!r} is not a Python identifier"
+    try:
+        tree = ast.parse(spec["source"])
+    except SyntaxError as err:
+        return f"check.source does not parse: {err}"
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body):
+        return "check.source must define `check(candidate)` at module level"
+    return None
+
+
+def humaneval_check(prompt: str, test: str, module: str, entry_point: str, test_id: str) -> dict[str, str] | None:
+    """HumanEval's `check` as a check program: the prompt (its imports and helpers, with the entry point a stub
+    that the relay replaces by the candidate) followed by the test. None when that does not parse."""
+    spec = {"id": test_id, "module": module, "function": entry_point, "source": f"{prompt}\n\n{test}\n"}
+    return None if check_program(spec) else spec

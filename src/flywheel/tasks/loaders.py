@@ -17,10 +17,12 @@ Formats:
   local clone under `repos_dir` (`owner__name`, `owner/name` or `name`). `test_patch` is applied only at
   grading; `patch` (the reference fix) is kept in `meta["patch"]`.
 * humaneval: `task_id, prompt, canonical_solution, test, entry_point`: a single-file task, `solution.py`
-  holds the prompt and the agent completes it; the hidden test calls `check(entry_point)` in a namespace that
-  holds every name `solution.py` defines or imports (the official harness runs prompt, completion and test as
-  one program, and some tests call the prompt's helpers). It runs under the standard-library runner
-  (`runtests.py`, tasks/minitest.py), so HumanEval grades with the runtime dependencies alone.
+  holds the prompt and the agent completes it. Graded by data: `calls` where `check` is plain asserts on
+  calls, else `check` as a program (the prompt, then the test) that the grader runs in a sandbox of its own,
+  relaying each call to the candidate (envs/checks.py). The hidden test file (`check(entry_point)` in a namespace
+  holding every name `solution.py` defines, as the official harness runs prompt, completion and test as one
+  program) under the standard-library runner (`runtests.py`, tasks/minitest.py) is what the agent's own runs
+  and the undefended baseline of `flywheel bench redteam` use.
 
 A test command that runs `python -m MODULE` must find MODULE in this Python (the one the sandbox runs):
 `python -m pytest` without pytest installed is a broken task, never a silent reward of 0.
@@ -49,7 +51,7 @@ from flywheel.config import UserError
 from flywheel.sandbox.services import parse_services
 from flywheel.sandbox.workspace import base_permissions, materialize_base
 from flywheel.tasks import minitest
-from flywheel.tasks.datatests import check_call, humaneval_calls
+from flywheel.tasks.datatests import check_call, check_program, humaneval_calls, humaneval_check
 from flywheel.tasks.repoenv import check_spec, spec_from_reader
 from flywheel.tasks.variants import normalize
 from flywheel.types import Task, TaskLimits
@@ -257,7 +259,7 @@ def parse_flywheel(d: dict[str, Any], repos_dir: str | Path | None = None) -> Ta
         pass_to_pass=_str_list(d, "pass_to_pass"), test_command=_str(d, "test_command", required=False,
                                                                       default="python -m pytest -q"),
         limits=TaskLimits(**limits), solution=_str_dict(d, "solution") if solution is not None else None, meta=meta,
-        services=_services(d), python_env=python_env, calls=_calls(d))
+        services=_services(d), python_env=python_env, calls=_calls(d), check=_check(d))
     if task.repo is not None:
         path = _find_repo(task.repo, repos_dir)
         task.repo = str(path.resolve())
@@ -281,6 +283,22 @@ def _calls(d: dict[str, Any]) -> list[dict[str, Any]]:
     if missing:
         raise BrokenTask(f"a task with 'calls' grades by them alone, but tests {sorted(missing)[:3]} have no call")
     return calls
+
+
+def _check(d: dict[str, Any]) -> dict[str, str] | None:
+    spec = d.get("check")
+    if spec is None:
+        return None
+    problem = check_program(spec)
+    if problem is not None:
+        raise BrokenTask(problem)
+    if d.get("calls"):
+        raise BrokenTask("a task grades by 'calls' or by 'check', not both: drop one")
+    graded = set(d.get("fail_to_pass") or []) | set(d.get("pass_to_pass") or [])
+    if graded != {spec["id"]}:
+        raise BrokenTask(f"a task with 'check' grades by it alone: its tests must be exactly [{spec['id']!r}] "
+                         f"(got {sorted(graded)[:3]})")
+    return dict(spec)
 
 
 def _services(d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -369,14 +387,16 @@ def parse_humaneval(d: dict[str, Any]) -> Task:
               f"globals().update({{k: v for k, v in vars(_solution).items() if not k.startswith('__')}})\n\n"
               f"{test}\n\n\ndef test_check():\n    check({entry})\n")
     runner = runner_source()
+    test_id = "test_solution.py::test_check"
+    calls = humaneval_calls(test, "solution", entry, test_id)
     task = Task(
         id=tid, files={"solution.py": prompt, RUNNER_FILE: runner},
         hidden_files={"test_solution.py": hidden, RUNNER_FILE: runner},
         problem=f"Complete the function `{entry}` in `solution.py` so that it does what its docstring says.",
-        fail_to_pass=["test_solution.py::test_check"], test_command=f"python {RUNNER_FILE} -q",
+        fail_to_pass=[test_id], test_command=f"python {RUNNER_FILE} -q",
         solution={"solution.py": prompt + canonical} if canonical else None,
         meta={"format": "humaneval", "entry_point": entry},
-        calls=humaneval_calls(test, "solution", entry, "test_solution.py::test_check") or [])
+        calls=calls or [], check=None if calls else humaneval_check(prompt, test, "solution", entry, test_id))
     _check_task(task)
     return task
 
