@@ -335,6 +335,13 @@ class MidtrainConfig(Section):
     seed: int = Field(0, ge=0, description="seed for transcript sampling and shuffling; default: the global seed")
     num_threads: int = Field(0, ge=0, le=1024, description="torch threads while mid-training; 0 = all cores "
                              "(set 1 per job when jobs share a machine: OpenMP threads spin against each other)")
+    summary_transcripts: int = Field(0, ge=0, le=1_000_000, description="scripted sessions of long train tasks "
+                                     "that summarize past rollout.summarize_at, so the base has seen a summary turn "
+                                     "(pipeline/summary_transcripts.py); 0 = none")
+    summary_kind: Literal["spread", "chain"] = Field("spread", description="the long tasks of summary_transcripts "
+                                                     "(tasks/synth/long.py)")
+    summary_num_files: int = Field(2, ge=1, le=64, description="files (one bug each) of those long tasks")
+    summary_pad: int = Field(1, ge=0, le=64, description="correct functions padding each of their files")
 
 
 class EvalConfig(Section):

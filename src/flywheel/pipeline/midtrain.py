@@ -22,9 +22,11 @@ import torch
 from flywheel.config import FlywheelConfig
 from flywheel.envs.env import CodingEnv, system_prompt
 from flywheel.envs.tools import tools_for
+from flywheel.pipeline.summary_transcripts import summary_transcripts
 from flywheel.pipeline.transcripts import make_drills, make_transcripts
 from flywheel.policy.chat import ChatFormat
 from flywheel.policy.model import build_model, load_model, save_model
+from flywheel.tasks.synth.long import generate_long_tasks
 from flywheel.trainer.sft import SFTParams, sft_train
 from flywheel.types import Task
 
@@ -57,6 +59,11 @@ def midtrain(cfg: FlywheelConfig, run_dir: Path, tokenizer, tasks: list[Task],
     examples = make_transcripts(tasks, cfg.midtrain, chat, env_factory(cfg, run_dir),
                                 on_progress=(lambda i: on_progress("transcripts", i, n)) if on_progress else None)
     m = cfg.midtrain
+    if m.summary_transcripts:  # long sessions that summarize (the loop's summary request, answered)
+        long = generate_long_tasks(m.summary_transcripts, seed=m.seed, split="train", num_files=m.summary_num_files,
+                                   pad_functions=m.summary_pad, kind=m.summary_kind)
+        examples += summary_transcripts(long, m.summary_transcripts, chat, env_factory(cfg, run_dir), cfg.rollout,
+                                        cfg.model.max_seq_len)
     # Stage 1: bare drills (statement → call, ~70 tokens), dense in the one skill a small model learns slowest
     # (copying a name or a span from the statement into a call); the copy mechanism forms fastest there.
     # Stage 2: whole sessions mixed with drills packed after the session's system prompt and tool list, so
