@@ -111,6 +111,28 @@ def test_run_basics_stdin_env_and_pytest_inside(kind: str, base: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_live_process_talks_over_pipes_and_dies_with_its_block(kind: str, base: Path) -> None:
+    """`process` (a conversation, envs/checks.py): lines both ways while the block runs; on leaving it the
+    command and what it started in the background are gone."""
+    import time
+
+    with create_sandbox(base, SandboxLimits(), kind) as sb:
+        with sb.process("sleep 300 & echo $! > bg.pid; while read line; do echo got=$line; done") as proc:
+            assert proc.stdin and proc.stdout
+            for word in ("a", "b"):
+                proc.stdin.write(f"{word}\n".encode())
+                proc.stdin.flush()
+                assert proc.stdout.readline() == f"got={word}\n".encode()
+        assert proc.returncode is not None  # reaped
+        r = sb.run("kill -0 $(cat bg.pid) 2>/dev/null && echo alive || echo gone")
+        deadline = time.monotonic() + 5
+        while "alive" in r.stdout and time.monotonic() < deadline:
+            time.sleep(0.1)
+            r = sb.run("kill -0 $(cat bg.pid) 2>/dev/null && echo alive || echo gone")
+        assert r.stdout.strip() == "gone"
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_python_is_found_when_the_venv_is_reached_through_a_symlink(kind: str, base: Path, tmp_path: Path) -> None:
     """A venv behind a symlink (e.g. a worktree's `.venv -> ../main/.venv`) is bound at its real path, and
     the sandbox's PATH must name that path too: otherwise `python` is not found and every test run of a
