@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="engine, mismatch: dtype of --model "
                    "(default: bfloat16 for engine, float32 for mismatch)")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="orchestrator backend (pipeline)")
-    p.add_argument("--base", default=None, help="pipeline, summarize: a mid-trained model directory (with its tokenizer) to "
+    p.add_argument("--base", default=None, help="pipeline, summarize, trl: a mid-trained model directory (with its tokenizer) to "
                    "start both runs from, instead of mid-training one (e.g. runs/demo/base_model); precision: the "
                    "demo base every learning arm starts from (bench/precision_learning.py)")
     p.add_argument("--seeds", default=None, metavar="S,S,...", help="pipeline: one sync/async pair per RL seed, "
@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-budget-s", type=float, default=None, help="envs: wall-clock budget of the run (seconds); "
                    "mining gets 70 %% of it, split evenly over the projects, and each project stops trying "
                    "candidates past its share (what it kept is verified and reported); default: no budget")
+    p.add_argument("--budget-s", type=float, default=None, help="trl: wall-clock seconds of training per arm "
+                   "(default 300)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="pipeline: a config override "
                    "for both runs, e.g. --set trainer.correction=none (repeatable); precision --base: for every arm")
 

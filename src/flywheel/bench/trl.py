@@ -1,0 +1,204 @@
+"""Head to head with TRL: `flywheel bench trl --base DIR --budget-s N --out FILE`.
+
+Two arms, one after the other on the same cores, each from the same mid-trained base (DIR/base_model and
+DIR/tokenizer: what `make demo` or tests/integration/build_demo_base.py writes), on the same synthetic train tasks,
+with the same group size (`rollout.group_size`), sessions per step (`trainer.batch_size`), passes per batch
+(`trainer.update_epochs` = TRL's `num_iterations`), learning rate, harness and reward, for the same wall-clock
+budget of training:
+
+* **flywheel**: `run_rl` of configs/demo.toml (asynchronous: its engine samples while the trainer steps), stopped
+  at the budget; a checkpoint after every step.
+* **TRL**: `trl.GRPOTrainer` (TRL 1.16, installed from the package index) with flywheel's multi-turn harness as its
+  `rollout_func` (bench/_trl_rollout.py): the sessions are flywheel's (agent loop, tools, sandbox, grader), the
+  generation is `transformers.generate` on TRL's live model batched across waiting sessions, and TRL computes the
+  advantages, its GRPO loss (its default `loss_type`, `beta` = 0 as flywheel's, no reference model) and steps.
+  Synchronous, as TRL is: a step's sessions are sampled, then trained on. Float32, as flywheel's arm (this
+  CPU's bf16 is slower without bf16 matmul units; configs/demo.toml trains in float32).
+
+Both final models, and flywheel's per-step checkpoints in order until one reaches TRL's final score, are evaluated
+on the same held-out tasks (configs/demo.toml `eval`), so `summary` has both pass@1 with their SE, the paired
+difference, `time_to_trl_final_s_flywheel` (the training time of the first flywheel checkpoint whose pass@1 is at
+least TRL's final), `speedup_vs_trl` (budget / that time; null when flywheel never reaches it), and sampled and
+trained tokens per second of each arm. Evaluation time is not part of the budget.
+
+    .venv/bin/pip install trl==1.16.0          # not a dependency of flywheel
+    flywheel bench trl --base runs/demo --budget-s 300 --out benchmarks/results/trl.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import threading
+import time
+from math import sqrt
+from pathlib import Path
+
+from flywheel.bench.precision_learning import DEMO_CONFIG
+from flywheel.rollout.evaluate import paired_difference
+
+DEFAULT_BUDGET_S = 300.0
+MAX_CHECKPOINT_EVALS = 8
+
+
+def _base(path: Path) -> tuple[Path, Path]:
+    if (path / "config.json").is_file() and not (path / "base_model").is_dir():
+        path = path.parent
+    model, tok = path / "base_model", path / "tokenizer"
+    if not (model / "config.json").is_file() or not (tok / "tokenizer.json").is_file():
+        raise SystemExit(f"--base {path}: no mid-trained base there (base_model/ and tokenizer/); run `make demo` or "
+                         "`python tests/integration/build_demo_base.py DIR` first")
+    return model, tok
+
+
+def _config(run_dir: Path, model: Path, tok: Path, extra: list[str] | None = None):
+    from flywheel.config import load_config
+
+    return load_config(str(DEMO_CONFIG), ["--run_dir", str(run_dir), "--model.path", str(model),
+                                          "--tokenizer.path", str(tok), *(extra or [])])
+
+
+def _score(cfg, model_dir: Path, tokenizer, heldout, cache: Path) -> dict:
+    from flywheel.pipeline.evaluation import evaluate_model
+
+    r = evaluate_model(cfg, model_dir, tokenizer, heldout, cache)
+    rates = [row["correct"] / row["n"] for row in r.per_task if row["n"]]
+    return {"pass1": r.pass_at[1], "se": statistics.stdev(rates) / sqrt(len(rates)) if len(rates) > 1 else 0.0,
+            "per_task": r.per_task}
+
+
+def run_flywheel(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) -> dict:
+    from flywheel.orchestrator.loop import run_rl
+
+    stop = threading.Event()
+    timer = threading.Timer(budget_s, stop.set)
+    t0 = time.perf_counter()
+    timer.start()
+    try:
+        rl = run_rl(cfg, run_dir, model, tok, tasks, stop_event=stop)
+    finally:
+        timer.cancel()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "time/elapsed_s" in r]
+    last = steps[-1] if steps else {}
+    return {"wall_s": time.perf_counter() - t0, "steps": rl.get("steps"), "step_elapsed_s": {
+        int(r["step"]): float(r["time/elapsed_s"]) for r in steps},
+        # every sampled token of the groups that came back, and the tokens of the sequences each step trained on
+        "tokens_sampled_per_s": (last.get("throughput/tokens_per_s_k") or 0.0) * 1000.0,
+        "trainer_tokens_per_s": (sum(float(r.get("num_tokens", 0.0)) for r in steps) / last["time/elapsed_s"]
+                                 if last.get("time/elapsed_s") else None)}
+
+
+def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from flywheel.bench._trl_rollout import HarnessRollout, flywheel_reward
+    from flywheel.envs.tools import tools_for
+    from flywheel.policy.chat import ChatFormat
+    from flywheel.policy.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tok)
+    chat = ChatFormat(tokenizer, tools_for(cfg.env), cfg.model.tool_format)
+    rollout = HarnessRollout(cfg, {t.id: t for t in tasks}, chat, run_dir / "cache")
+    g = cfg.rollout.group_size
+    args = GRPOConfig(output_dir=str(run_dir / "trl"), learning_rate=cfg.trainer.lr, num_generations=g,
+                      per_device_train_batch_size=cfg.trainer.batch_size, num_iterations=cfg.trainer.update_epochs,
+                      beta=0.0, max_steps=1_000_000, logging_steps=1, save_strategy="no", report_to="none",
+                      use_cpu=True, bf16=False, temperature=cfg.rollout.temperature, seed=cfg.seed,
+                      max_completion_length=cfg.rollout.max_total_tokens, warmup_steps=0,
+                      lr_scheduler_type="constant", dataloader_num_workers=0)
+    started: dict[str, float] = {}
+
+    class Budget(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            started["t"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if time.perf_counter() - started["t"] >= budget_s:
+                control.should_training_stop = True
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    trainer = GRPOTrainer(model=str(model), reward_funcs=[flywheel_reward], args=args,
+                          train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
+                          processing_class=tokenizer, rollout_func=rollout, callbacks=[Budget()])
+    trainer.train()
+    elapsed = time.perf_counter() - started["t"]
+    final = run_dir / "final_model"
+    trainer.save_model(str(final))
+    for f in tok.iterdir():  # the model dir carries its tokenizer, as flywheel's do
+        if f.is_file() and not (final / f.name).exists():
+            shutil.copy(f, final / f.name)
+    engine = rollout.engine
+    return {"wall_s": elapsed, "steps": int(trainer.state.global_step), "sessions": rollout.sessions,
+            "tokens_sampled_per_s": (engine.tokens_sampled / elapsed) if engine else None,
+            "trainer_tokens_per_s": rollout.tokens_trained / elapsed,
+            "generate_s": engine.generate_s if engine else None,
+            "settings": {k: getattr(args, k) for k in ("learning_rate", "num_generations", "per_device_train_batch_size",
+                                                       "num_iterations", "beta", "loss_type", "temperature", "bf16")}}
+
+
+def _checkpoint_model(base_model: Path, step_dir: Path, out: Path) -> Path:
+    """A model directory of the base with a flywheel checkpoint's weights (trainer/checkpoint.py)."""
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(base_model, out)
+    shutil.copyfile(step_dir / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from flywheel.pipeline.prepare import prepare_tasks
+    from flywheel.policy.tokenizer import load_tokenizer
+    from flywheel.trainer import checkpoint as ckpt
+
+    budget = float(getattr(args, "budget_s", None) or DEFAULT_BUDGET_S)
+    model, tok = _base(Path(args.base or "runs/demo"))
+    root = Path(getattr(args, "run_dir", None) or "runs/bench-trl")
+    shutil.rmtree(root, ignore_errors=True)
+    fw_cfg = _config(root / "flywheel", model, tok, ["--trainer.num_steps", "100000", "--trainer.checkpoint_every", "1",
+                                                      "--trainer.keep_checkpoints", "0"])
+    train, heldout = prepare_tasks(fw_cfg, root / "flywheel")
+    fw = run_flywheel(fw_cfg, root / "flywheel", model, tok, train, budget)
+    trl_cfg = _config(root / "trl", model, tok)
+    tr = run_trl(trl_cfg, root / "trl", model, tok, train, budget)
+    tokenizer = load_tokenizer(tok)
+    scores = {"base": _score(fw_cfg, model, tokenizer, heldout, root / "eval" / "base"),
+              "flywheel": _score(fw_cfg, root / "flywheel" / "final_model", tokenizer, heldout, root / "eval" / "fw"),
+              "trl": _score(fw_cfg, root / "trl" / "final_model", tokenizer, heldout, root / "eval" / "trl")}
+    target = scores["trl"]["pass1"]
+    steps = sorted(ckpt.list_checkpoints(root / "flywheel" / "checkpoints"), key=lambda p: p.name)
+    stride = max(1, -(-len(steps) // MAX_CHECKPOINT_EVALS))
+    curve, reached = [], None
+    for step_dir in steps[stride - 1::stride]:
+        version = int(step_dir.name.rsplit("_", 1)[-1])
+        m = _checkpoint_model(model, step_dir, root / "eval" / "ckpt_model")
+        s = _score(fw_cfg, m, tokenizer, heldout, root / "eval" / f"ckpt{version}")
+        t = fw["step_elapsed_s"].get(version)
+        curve.append({"step": version, "elapsed_s": t, "pass1": s["pass1"]})
+        if s["pass1"] >= target and t is not None:
+            reached = t
+            break
+    diff, diff_se, _ = paired_difference(scores["flywheel"]["per_task"], scores["trl"]["per_task"])
+    summary = {
+        "budget_s": budget,
+        "heldout_pass1_base": scores["base"]["pass1"],
+        "heldout_pass1_flywheel": scores["flywheel"]["pass1"], "heldout_pass1_flywheel_se": scores["flywheel"]["se"],
+        "heldout_pass1_trl": scores["trl"]["pass1"], "heldout_pass1_trl_se": scores["trl"]["se"],
+        "flywheel_minus_trl": diff, "flywheel_minus_trl_paired_se": diff_se,
+        "time_to_trl_final_s_flywheel": reached,
+        "speedup_vs_trl": (budget / reached) if reached else None,
+        "steps_flywheel": fw["steps"], "steps_trl": tr["steps"],
+        "tokens_sampled_per_s_flywheel": fw["tokens_sampled_per_s"], "tokens_sampled_per_s_trl": tr["tokens_sampled_per_s"],
+        "trainer_tokens_per_s_flywheel": fw["trainer_tokens_per_s"], "trainer_tokens_per_s_trl": tr["trainer_tokens_per_s"],
+        "num_heldout_tasks": len(heldout),
+    }
+    for s in scores.values():
+        s.pop("per_task")
+    return {"summary": summary, "flywheel": fw, "trl": tr, "scores": scores, "flywheel_curve": curve,
+            "setup": {"config": str(DEMO_CONFIG), "base": str(model), "mode": "multi-turn, flywheel's harness in both "
+                      "(TRL through rollout_func)", "run_dir": str(root)}}
