@@ -23,7 +23,7 @@ DOCS = {"engine": "inference.md", "sandbox": "sandbox.md", "weights": "weights.m
         "dashboard_online": "observability.md",
         "numerics_cuda": "numerics.md", "online": "online.md", "pool": "online.md", "serve_engines": "online.md",
         "envs": "environments.md", "summarize": "training.md", "lora": "training.md",
-        "precision": "numerics.md"}
+        "precision": "numerics.md", "trl": "training.md"}
 
 
 def _fmt(value: object) -> str:

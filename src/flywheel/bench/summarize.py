@@ -11,7 +11,8 @@ working policy at all (`pass1_easy_base`).
 `summary`: pass1_off, pass1_untrained, pass1_trained with their SEs (over tasks), the paired differences with
 theirs, finish_after_summary_rate and tokens_processed_per_session_p50 of the trained arm against max_seq_len.
 
-    flywheel bench summarize --out benchmarks/results/summarize.json [--quick] [--base DIR]
+    flywheel bench summarize --out benchmarks/results/summarize.json [--quick] [--base DIR] [--run-dir DIR]
+        [--set midtrain.summary_transcripts=0]      # overrides of every stage (an ablation: another --run-dir)
 
 Config: configs/long.toml (the demo's tiny model, mid-trained on its easy tasks, with a 640-token window).
 The mid-trained base is cached in runs/bench-summarize[-quick]/base, or given with `--base DIR` (a model directory
@@ -31,6 +32,7 @@ import time
 from math import sqrt
 from pathlib import Path
 
+from flywheel.bench.pipeline import set_overrides
 from flywheel.config import FlywheelConfig, load_config
 from flywheel.envs.env import CodingEnv
 from flywheel.envs.tools import tools_for
@@ -57,8 +59,9 @@ QUICK = ["--midtrain.num_transcripts", "150", "--midtrain.drill_steps", "200", "
          "--trainer.batch_size", "8"]
 
 
-def _config(root: Path, quick: bool, extra: list[str] | None = None) -> FlywheelConfig:
-    return load_config(CONFIG, [*(QUICK if quick else []), "--run_dir", str(root), *(extra or [])])
+def _config(root: Path, quick: bool, extra: list[str] | None = None, overrides: list[str] | None = None
+            ) -> FlywheelConfig:
+    return load_config(CONFIG, [*(QUICK if quick else []), "--run_dir", str(root), *(overrides or []), *(extra or [])])
 
 
 async def _sessions(cfg: FlywheelConfig, model_dir: Path, tokenizer, tasks: list[Task], cache_dir: Path
@@ -121,9 +124,10 @@ def _paired(a: dict, b: dict) -> tuple[float, float]:
 
 def run(args: argparse.Namespace) -> dict:
     quick = bool(getattr(args, "quick", False))
-    root = Path("runs/bench-summarize-quick" if quick else "runs/bench-summarize")
+    root = Path(getattr(args, "run_dir", None) or ("runs/bench-summarize-quick" if quick else "runs/bench-summarize"))
+    overrides = set_overrides(getattr(args, "set", None))
     t_start = time.perf_counter()
-    cfg = _config(root / "base", quick)
+    cfg = _config(root / "base", quick, overrides=overrides)
     long_train = generate_long_tasks(NUM_TRAIN // (4 if quick else 1), seed=cfg.seed, split="train",
                                      num_files=NUM_FILES, pad_functions=PAD_FUNCTIONS, kind=KIND)
     heldout = generate_long_tasks(cfg.eval.num_tasks, seed=cfg.seed, split="heldout", num_files=NUM_FILES,
@@ -144,7 +148,7 @@ def run(args: argparse.Namespace) -> dict:
             "easy_base": _arm(off, base, tokenizer, generate_tasks(len(heldout), seed=cfg.seed, split="heldout",
                                                                    difficulty="easy"), root / "cache" / "easy")}
     rl_dir = root / "rl"
-    rl_cfg = _config(rl_dir, quick, ["--rollout.summary_reward_weight", str(TRAINED_SUMMARY_WEIGHT)])
+    rl_cfg = _config(rl_dir, quick, ["--rollout.summary_reward_weight", str(TRAINED_SUMMARY_WEIGHT)], overrides)
     shutil.rmtree(rl_dir, ignore_errors=True)
     rl = _rl(rl_cfg, rl_dir, base, tok_dir, long_train, QUICK_RL_BUDGET_S if quick else RL_BUDGET_S)
     rl_summary = {k: rl[k] for k in ("steps", "wall_s", "rollouts", "interrupted") if k in rl}
@@ -173,4 +177,5 @@ def run(args: argparse.Namespace) -> dict:
     summary["wall_s"] = time.perf_counter() - t_start
     summary["midtrain_s"] = midtrain_s  # 0-ish with --base: the base was mid-trained elsewhere
     summary["base_given"] = bool(getattr(args, "base", None))
-    return {"config": CONFIG, "quick": quick, "base": str(base), "rl": rl_summary, "arms": arms, "summary": summary}
+    return {"config": CONFIG, "quick": quick, "overrides": overrides, "base": str(base), "rl": rl_summary,
+            "arms": arms, "summary": summary}

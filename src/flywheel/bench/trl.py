@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import threading
@@ -122,7 +123,8 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) 
             if time.perf_counter() - started["t"] >= budget_s:
                 control.should_training_stop = True
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    # every core: TRL samples and trains in turn in this process (run_rl left it at one thread beside its engine)
+    torch.set_num_threads(os.cpu_count() or 1)
     trainer = GRPOTrainer(model=str(model), reward_funcs=[flywheel_reward], args=args,
                           train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
                           processing_class=tokenizer, rollout_func=rollout, callbacks=[Budget()])
@@ -135,6 +137,7 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) 
             shutil.copy(f, final / f.name)
     engine = rollout.engine
     return {"wall_s": elapsed, "steps": int(trainer.state.global_step), "sessions": rollout.sessions,
+            "generation_rounds": rollout.sessions // max(1, cfg.trainer.batch_size),
             "tokens_sampled_per_s": (engine.tokens_sampled / elapsed) if engine else None,
             "trainer_tokens_per_s": rollout.tokens_trained / elapsed,
             "generate_s": engine.generate_s if engine else None,

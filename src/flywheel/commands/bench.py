@@ -56,14 +56,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "single-process baseline), e.g. --ranks 1,2 (default 1,2)")
     p.add_argument("--run-dir", default=None, metavar="DIR", help="online: keep the serving run's directory (event "
                    "log, weights, serve.log) in DIR, a new one, for `flywheel dashboard` (default: a temporary one); "
-                   "precision --base: the arms' runs (a rerun keeps the finished ones)")
+                   "precision --base: the arms' runs (a rerun keeps the finished ones); summarize, trl: where the runs go "
+                   "(default runs/bench-<target>)")
     p.add_argument("--time-budget-s", type=float, default=None, help="envs: wall-clock budget of the run (seconds); "
                    "mining gets 70 %% of it, split evenly over the projects, and each project stops trying "
                    "candidates past its share (what it kept is verified and reported); default: no budget")
     p.add_argument("--budget-s", type=float, default=None, help="trl: wall-clock seconds of training per arm "
                    "(default 300)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="pipeline: a config override "
-                   "for both runs, e.g. --set trainer.correction=none (repeatable); precision --base: for every arm")
+                   "for both runs, e.g. --set trainer.correction=none (repeatable); precision --base: for every arm; summarize: "
+                   "for every stage (e.g. --set midtrain.summary_transcripts=0, with another --run-dir)")
 
 
 def run(args: argparse.Namespace) -> int:
