@@ -145,6 +145,18 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) 
                                                        "num_iterations", "beta", "loss_type", "temperature", "bf16")}}
 
 
+def _arm(run_dir: Path, budget: float, go) -> dict:
+    """An arm's figures: kept in run_dir/arm.json once it finished with this budget (a rerun evaluates again
+    without training again), else the directory is started afresh."""
+    done = run_dir / "arm.json"
+    if done.is_file() and json.loads(done.read_text()).get("budget_s") == budget:
+        return json.loads(done.read_text())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    result = {**go(run_dir), "budget_s": budget}
+    done.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
 def _checkpoint_model(base_model: Path, step_dir: Path, out: Path) -> Path:
     """A model directory of the base with a flywheel checkpoint's weights (trainer/checkpoint.py)."""
     if out.exists():
@@ -162,26 +174,28 @@ def run(args: argparse.Namespace) -> dict:
     budget = float(getattr(args, "budget_s", None) or DEFAULT_BUDGET_S)
     model, tok = _base(Path(args.base or "runs/demo"))
     root = Path(getattr(args, "run_dir", None) or "runs/bench-trl")
-    shutil.rmtree(root, ignore_errors=True)
     fw_cfg = _config(root / "flywheel", model, tok, ["--trainer.num_steps", "100000", "--trainer.checkpoint_every", "1",
                                                       "--trainer.keep_checkpoints", "0"])
-    train, heldout = prepare_tasks(fw_cfg, root / "flywheel")
-    fw = run_flywheel(fw_cfg, root / "flywheel", model, tok, train, budget)
-    trl_cfg = _config(root / "trl", model, tok)
-    tr = run_trl(trl_cfg, root / "trl", model, tok, train, budget)
+    train, heldout = prepare_tasks(fw_cfg, root / "tasks")
+    fw = _arm(root / "flywheel", budget, lambda d: run_flywheel(fw_cfg, d, model, tok, train, budget))
+    tr = _arm(root / "trl", budget, lambda d: run_trl(_config(d, model, tok), d, model, tok, train, budget))
+    steps = sorted(ckpt.list_checkpoints(root / "flywheel" / "checkpoints"), key=lambda p: p.name)
+    if not steps:
+        raise SystemExit(f"the flywheel arm left no checkpoint under {root / 'flywheel' / 'checkpoints'}")
     tokenizer = load_tokenizer(tok)
+    # a run stopped by its budget writes no final_model (orchestrator/loop.py): its last step's checkpoint is it
+    fw_final = _checkpoint_model(model, steps[-1], root / "eval" / "fw_final_model")
     scores = {"base": _score(fw_cfg, model, tokenizer, heldout, root / "eval" / "base"),
-              "flywheel": _score(fw_cfg, root / "flywheel" / "final_model", tokenizer, heldout, root / "eval" / "fw"),
+              "flywheel": _score(fw_cfg, fw_final, tokenizer, heldout, root / "eval" / "fw"),
               "trl": _score(fw_cfg, root / "trl" / "final_model", tokenizer, heldout, root / "eval" / "trl")}
     target = scores["trl"]["pass1"]
-    steps = sorted(ckpt.list_checkpoints(root / "flywheel" / "checkpoints"), key=lambda p: p.name)
     stride = max(1, -(-len(steps) // MAX_CHECKPOINT_EVALS))
     curve, reached = [], None
     for step_dir in steps[stride - 1::stride]:
         version = int(step_dir.name.rsplit("_", 1)[-1])
         m = _checkpoint_model(model, step_dir, root / "eval" / "ckpt_model")
         s = _score(fw_cfg, m, tokenizer, heldout, root / "eval" / f"ckpt{version}")
-        t = fw["step_elapsed_s"].get(version)
+        t = fw["step_elapsed_s"].get(version, fw["step_elapsed_s"].get(str(version)))  # JSON keys are strings
         curve.append({"step": version, "elapsed_s": t, "pass1": s["pass1"]})
         if s["pass1"] >= target and t is not None:
             reached = t
