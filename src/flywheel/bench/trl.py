@@ -42,6 +42,7 @@ from flywheel.rollout.evaluate import paired_difference
 
 DEFAULT_BUDGET_S = 300.0
 MAX_CHECKPOINT_EVALS = 8
+SNAPSHOTS = 10  # TRL models saved during its run, at every tenth of the budget
 
 
 def _base(path: Path) -> tuple[Path, Path]:
@@ -114,14 +115,19 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) 
                       max_completion_length=cfg.rollout.max_total_tokens, warmup_steps=0,
                       lr_scheduler_type="constant", dataloader_num_workers=0)
     started: dict[str, float] = {}
+    snapshots: dict[int, float] = {}  # optimizer step -> training seconds, a model saved at about every tenth
 
     class Budget(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
             started["t"] = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            if time.perf_counter() - started["t"] >= budget_s:
+            elapsed = time.perf_counter() - started["t"]
+            if elapsed >= budget_s:
                 control.should_training_stop = True
+            elif elapsed >= budget_s * (len(snapshots) + 1) / SNAPSHOTS:
+                kw["model"].save_pretrained(str(run_dir / "snapshots" / f"step_{state.global_step:08d}"))
+                snapshots[int(state.global_step)] = elapsed
 
     # every core: TRL samples and trains in turn in this process (run_rl left it at one thread beside its engine)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -137,7 +143,7 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) 
             shutil.copy(f, final / f.name)
     engine = rollout.engine
     return {"wall_s": elapsed, "steps": int(trainer.state.global_step), "sessions": rollout.sessions,
-            "generation_rounds": rollout.sessions // max(1, cfg.trainer.batch_size),
+            "generation_rounds": rollout.sessions // max(1, cfg.trainer.batch_size), "snapshot_elapsed_s": snapshots,
             "tokens_sampled_per_s": (engine.tokens_sampled / elapsed) if engine else None,
             "trainer_tokens_per_s": rollout.tokens_trained / elapsed,
             "generate_s": engine.generate_s if engine else None,
@@ -200,6 +206,19 @@ def run(args: argparse.Namespace) -> dict:
         if s["pass1"] >= target and t is not None:
             reached = t
             break
+    # TRL's own curve, on its snapshots: when did it first reach its final score?
+    trl_curve, trl_reached = [], None
+    for snap in sorted((root / "trl" / "snapshots").glob("step_*")):
+        for f in tok.iterdir():
+            if f.is_file() and not (snap / f.name).exists():
+                shutil.copy(f, snap / f.name)
+        s = _score(fw_cfg, snap, tokenizer, heldout, root / "eval" / f"trl_{snap.name}")
+        step = int(snap.name.rsplit("_", 1)[-1])
+        t = tr["snapshot_elapsed_s"].get(step, tr["snapshot_elapsed_s"].get(str(step)))
+        trl_curve.append({"step": step, "elapsed_s": t, "pass1": s["pass1"]})
+        if s["pass1"] >= target and t is not None:
+            trl_reached = t
+            break
     diff, diff_se, _ = paired_difference(scores["flywheel"]["per_task"], scores["trl"]["per_task"])
     summary = {
         "budget_s": budget,
@@ -209,6 +228,11 @@ def run(args: argparse.Namespace) -> dict:
         "flywheel_minus_trl": diff, "flywheel_minus_trl_paired_se": diff_se,
         "time_to_trl_final_s_flywheel": reached,
         "speedup_vs_trl": (budget / reached) if reached else None,
+        # TRL's own first time at its final score (its snapshots, every tenth of the budget; the budget when none
+        # reached it earlier), over flywheel's: the same score, each system's time
+        "time_to_trl_final_s_trl": trl_reached if trl_reached is not None else tr["wall_s"],
+        "speedup_to_the_same_score": ((trl_reached if trl_reached is not None else tr["wall_s"]) / reached
+                                      if reached else None),
         "steps_flywheel": fw["steps"], "steps_trl": tr["steps"],
         "tokens_sampled_per_s_flywheel": fw["tokens_sampled_per_s"], "tokens_sampled_per_s_trl": tr["tokens_sampled_per_s"],
         "trainer_tokens_per_s_flywheel": fw["trainer_tokens_per_s"], "trainer_tokens_per_s_trl": tr["trainer_tokens_per_s"],
@@ -217,5 +241,6 @@ def run(args: argparse.Namespace) -> dict:
     for s in scores.values():
         s.pop("per_task")
     return {"summary": summary, "flywheel": fw, "trl": tr, "scores": scores, "flywheel_curve": curve,
+            "trl_curve": trl_curve,
             "setup": {"config": str(DEMO_CONFIG), "base": str(model), "mode": "multi-turn, flywheel's harness in both "
                       "(TRL through rollout_func)", "run_dir": str(root)}}
