@@ -102,7 +102,7 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) 
     from flywheel.bench._trl_rollout import HarnessRollout, flywheel_reward
     from flywheel.envs.tools import tools_for
     from flywheel.policy.chat import ChatFormat
-    from flywheel.policy.tokenizer import load_tokenizer
+    from flywheel.policy.tokenizer import load_tokenizer, save_tokenizer
 
     tokenizer = load_tokenizer(tok)
     chat = ChatFormat(tokenizer, tools_for(cfg.env), cfg.model.tool_format)
@@ -138,9 +138,7 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float) 
     elapsed = time.perf_counter() - started["t"]
     final = run_dir / "final_model"
     trainer.save_model(str(final))
-    for f in tok.iterdir():  # the model dir carries its tokenizer, as flywheel's do
-        if f.is_file() and not (final / f.name).exists():
-            shutil.copy(f, final / f.name)
+    save_tokenizer(tokenizer, final)  # the model dir carries its tokenizer, as flywheel's final_model does
     engine = rollout.engine
     return {"wall_s": elapsed, "steps": int(trainer.state.global_step), "sessions": rollout.sessions,
             "generation_rounds": rollout.sessions // max(1, cfg.trainer.batch_size), "snapshot_elapsed_s": snapshots,
@@ -174,7 +172,7 @@ def _checkpoint_model(base_model: Path, step_dir: Path, out: Path) -> Path:
 
 def run(args: argparse.Namespace) -> dict:
     from flywheel.pipeline.prepare import prepare_tasks
-    from flywheel.policy.tokenizer import load_tokenizer
+    from flywheel.policy.tokenizer import load_tokenizer, save_tokenizer
     from flywheel.trainer import checkpoint as ckpt
 
     budget = float(getattr(args, "budget_s", None) or DEFAULT_BUDGET_S)
@@ -209,9 +207,7 @@ def run(args: argparse.Namespace) -> dict:
     # TRL's own curve, on its snapshots: when did it first reach its final score?
     trl_curve, trl_reached = [], None
     for snap in sorted((root / "trl" / "snapshots").glob("step_*")):
-        for f in tok.iterdir():
-            if f.is_file() and not (snap / f.name).exists():
-                shutil.copy(f, snap / f.name)
+        save_tokenizer(tokenizer, snap)
         s = _score(fw_cfg, snap, tokenizer, heldout, root / "eval" / f"trl_{snap.name}")
         step = int(snap.name.rsplit("_", 1)[-1])
         t = tr["snapshot_elapsed_s"].get(step, tr["snapshot_elapsed_s"].get(str(step)))
