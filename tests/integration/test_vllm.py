@@ -102,8 +102,13 @@ async def generate_all(engine, ps, sp, **kw):
 
 
 def greedy(engine, ps, n=24):
-    return run(generate_all(engine, ps, SamplingParams(temperature=0.0, max_new_tokens=n),
-                            extra_params={"min_tokens": n}))
+    """One request at a time: concurrent ones join engine steps as they arrive, and a CPU GEMM at another batch
+    size reduces in another order, so only batches of one compare bit for bit across runs."""
+    sp = SamplingParams(temperature=0.0, max_new_tokens=n)
+
+    async def each():
+        return [await engine.generate(p, sp, extra_params={"min_tokens": n}) for p in ps]
+    return run(each())
 
 
 # ---- the contract ---------------------------------------------------------------------------------------
