@@ -11,7 +11,7 @@ import pytest
 
 from flywheel.sandbox.contract import SandboxLimits
 from flywheel.sandbox.forked import ForkedRun, forked_available, run_forked
-from flywheel.sandbox.host import bwrap_available, is_root
+from flywheel.sandbox.host import bwrap_available, is_root, python_roots
 
 pytestmark = pytest.mark.skipif(not (is_root() and bwrap_available()), reason="forked runs need bwrap as root")
 
@@ -35,6 +35,7 @@ def test_probe():
         "mounts": [l.split()[4] for l in open("/proc/self/mountinfo")],
         "argv0": sys.argv[0],
         "path0": sys.path[0],
+        "prefix_writable": os.access(sys.prefix, os.W_OK),
     }
     open(f"/tmp/mark-{tag}", "w").write(tag)
     s = socket.socket()
@@ -54,6 +55,11 @@ def base(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _interpreter_in_tmp() -> list[str]:
+    """The top directories of /tmp that hold the interpreter's tree (a checkout under /tmp): kept, read-only."""
+    return sorted({Path(r).parts[2] for r in python_roots()[0] if r.startswith("/tmp/")})
+
+
 def _runs(*tags: str) -> list[ForkedRun]:
     return [ForkedRun({"tag.txt": t}, ["-q", "-p", "no:cacheprovider", "test_probe.py"], "seen.json") for t in tags]
 
@@ -67,7 +73,9 @@ def test_each_run_sees_only_its_own_tree(base):
     assert len({s["uid"] for s in seen}) == 3 and all(s["uid"] >= 1_000_000_000 for s in seen)
     for s in seen:
         assert s["cap_eff"] == "0000000000000000" and s["cwd"] == "/workspace"
-        assert s["tmp"] == [] and not s["runs_dir"]  # a fresh /tmp; no other run's mark, no other workspace
+        # a fresh /tmp (holding only the interpreter's own tree where it lives there); no other run's mark, no
+        # other workspace
+        assert s["tmp"] == _interpreter_in_tmp() and not s["runs_dir"] and not s["prefix_writable"]
         assert not any(m.startswith("/tmp/.runs") for m in s["mounts"])
         assert max(s["pids"]) < 10  # its own pid namespace: the stub, the run, whatever the run started
         assert s["path0"] == "/workspace" and s["argv0"].endswith("pytest/__main__.py")

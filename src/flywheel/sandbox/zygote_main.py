@@ -26,7 +26,7 @@ CAP_NET_ADMIN inside its sandbox, and never runs code of the workspace: the work
 its working directory is /.
 
 Protocol: stdin is one JSON object {"runs": [{"dir", "uid", "argv", "script"}], "env", "limits", "timeout_s",
-"parallel", "tmp_bytes"}; stdout gets one line per finished run, {"run": i, "status": exit status or -signal,
+"parallel", "tmp_bytes", "keep"}; stdout gets one line per finished run, {"run": i, "status": exit status or -signal,
 "timed_out": bool}, then {"done": true}. A run that could not be set up exits 125 with its reason on the
 zygote's stderr.
 Tests: tests/unit/test_forked.py.
@@ -51,7 +51,7 @@ import traceback
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, \
     0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG = 38, 1
 SIOCSIFFLAGS, IFF_UP, IFF_RUNNING = 0x8914, 0x1, 0x40
@@ -72,14 +72,22 @@ def _mount(src, target, fstype, flags, data=None):
                        None if data is None else data.encode()), f"mount {src} on {target}")
 
 
-def _isolate(run, others, tmp_bytes):
-    """In the forked child, as root: new namespaces, this run's workspace at /workspace, nothing of the others."""
+def _isolate(run, others, tmp_bytes, keep):
+    """In the forked child, as root: new namespaces, this run's workspace at /workspace, nothing of the others.
+    `keep`: directories under /tmp that the fresh /tmp must still show, read-only (the interpreter's own tree
+    when it lives there, e.g. a CI checkout in /tmp)."""
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount(run["dir"], "/workspace", None, MS_BIND | MS_REC)
     for d in others:  # every workspace, this run's too: what stays is the bind at /workspace
         _check(_libc.umount2(d.encode(), MNT_DETACH), f"umount {d}")
+    kept = [(d, os.open(d, os.O_PATH | os.O_DIRECTORY)) for d in keep]  # reachable after the tmpfs covers them
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_bytes}")
+    for d, fd in kept:
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", d, None, MS_BIND | MS_REC)
+        _mount(None, d, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the loopback of the new network namespace
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_RUNNING))
@@ -182,7 +190,7 @@ def _child(run, job, others):
     """The forked child: new namespaces, then the parent of their pid 1. Never returns."""
     code = 125
     try:
-        _isolate(run, others, job["tmp_bytes"])
+        _isolate(run, others, job["tmp_bytes"], job.get("keep", []))
         init = os.fork()
         if init == 0:
             try:
