@@ -284,3 +284,33 @@ def test_kv_pool_slots_growth_release_and_decode_with_holes(models):
     caches = None
     gc.collect()
     assert pool.num_live == 0 and pool.k is None  # idle pool gives its memory back
+
+
+def test_a_decode_step_moves_its_rows_into_freed_slots_below_them(models):
+    """After the first half of a batch finished, its rows' slots are free: the next step moves the caches above
+    them down (slot range 0..2 instead of 2..4), and their logits are still the bits of decoding alone."""
+    import gc
+
+    runner = DecoderRunner(models["tiny"], 512, batch_invariant=True)
+    pool = runner.kv_pool
+    prompts = _prompts(4, seed=3, lo=20, hi=70)
+    caches = [runner.new_cache(len(p) + 8) for p in prompts]
+    for p, cache in zip(prompts, caches):
+        runner.prefill(p, cache)
+    stored = [c.k[:, :, :c.length].clone() for c in caches[2:]]
+    caches[0].release()
+    caches[1].release()
+    live = caches[2:]
+    together, _ = runner.decode([5, 6], live)
+    assert sorted(c.slot for c in live) == [0, 1] and pool.num_live == 2
+    assert all(torch.equal(c.k[:, :, :len(p)], k) for c, p, k in zip(live, prompts[2:], stored))
+    assert pool.compact(live) == 0  # already together
+    for i, p in enumerate(prompts[2:]):
+        alone = runner.new_cache(len(p) + 8)
+        runner.prefill(p, alone)
+        logits, _ = runner.decode([5 + i], [alone])
+        assert torch.equal(logits[0], together[i]), i
+        alone.release()
+    del caches, live, cache
+    gc.collect()
+    assert pool.num_live == 0

@@ -271,6 +271,7 @@ class DecoderRunner:
     def decode(self, tokens: list[int], caches: list[PooledKVCache]):
         """One step: feed tokens[i] at position caches[i].length (caches from `new_cache`). Returns (logits
         [B, V] float32, routed expert ids [B, num_layers, k] or None)."""
+        self.kv_pool.compact(caches)  # no freed slot inside the step's range (each would cost a row of work)
         step = self.kv_pool.decode_step(caches, exact_tiles=self.batch_invariant)
         pos_t = step.positions_t
         x = F.embedding(torch.tensor(tokens, device=self.device), self.model.model.embed_tokens.weight)  # [B, D]

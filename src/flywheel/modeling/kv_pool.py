@@ -14,8 +14,9 @@ pair per layer and no copy of any cache. That every row may be reduced over S >=
 `attention.chunked_pv` guarantees (extra keys add exact zeros), so the result stays bit-identical to the
 trainer's forward and to a decode alone.
 
-Slots are handed out lowest-first (the rows of a step stay close together; slots in lo..hi that are not
-rows of the step compute a throw-away row). The pool grows (more slots, longer capacity: a new zeroed
+Slots are handed out lowest-first and a decode step first moves caches of high slots into freed lower ones
+(`compact`), so the rows of a step stay together; slots in lo..hi that are not rows of the step (a live
+cache that is not decoding) compute a throw-away row. The pool grows (more slots, longer capacity: a new zeroed
 tensor, live contents copied, caches see it at once because `cache.k` is a view taken on each access) and
 is dropped when its last cache is released. A slot is zeroed when handed out, so keys past a row's
 length are finite (they get probability 0). A cache's slot returns to the pool when the cache object is
@@ -132,6 +133,28 @@ class KVPool:
             if self._num_live == 0:  # idle: give the memory back; the next allocation starts small again
                 self.k = self.v = None
                 self._free = []
+
+    def compact(self, caches: list[PooledKVCache]) -> int:
+        """Move the caches of the highest slots into lower free ones, so that a decode step's slot range holds no
+        freed slot (a step computes every slot of its range: after most of a batch has finished, its few rows
+        would still pay for the whole range). Copies each moved cache's filled positions once; returns how many
+        moved. The positions after a moved cache's length are zeroed, as in a slot handed out new."""
+        moved = 0
+        with self._lock:
+            for c in sorted(caches, key=lambda c: c.slot, reverse=True):
+                if not self._free or self._free[0] > c.slot:
+                    break
+                new = heapq.heappop(self._free)
+                n = c.length
+                for t in self.storage():
+                    t[:, new, :, :n] = t[:, c.slot, :, :n]
+                    t[:, new, :, n:c.capacity].zero_()
+                c._finalizer.detach()
+                heapq.heappush(self._free, c.slot)
+                c.slot = new
+                c._finalizer = weakref.finalize(c, self._release, new)
+                moved += 1
+        return moved
 
     def decode_step(self, caches: list[PooledKVCache], exact_tiles: bool = True) -> DecodeStep:
         """The layout of one decode step over `caches` (each fed at position cache.length). `exact_tiles`:
