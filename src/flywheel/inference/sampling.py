@@ -8,12 +8,12 @@ importance-sampling corrections in the trainer need. Greedy (temperature == 0) r
 log-prob under temperature 1 (the trainer's default view). Each request owns a torch.Generator, so a
 seeded request samples the same tokens whatever else shares its batch.
 
-How, at a real vocabulary's size (V = 49,152 on 2 CPU cores, per row): a token is drawn by inverse CDF, one
-float64 uniform from the generator against the cumulative probabilities (~0.15 ms; `torch.multinomial` took
-~1.1 ms, 70 ms for a decode step of 64 rows, as long as the forward of a 135 M model). The nucleus is found among
-the tokens within a log-prob width of the most likely one, widened until their mass reaches top_p, and the
-vocabulary is sorted whole only when it never does (a full sort took ~3.6 ms). Row by row, not batched: one row's [V] float64 fits in the L2 cache,
-a step's [B, V] does not (measured 5x slower batched).
+How, at a real vocabulary's size (V = 49,152 on 2 CPU cores, per row; `flywheel bench sampling`): a token is
+drawn by inverse CDF, one float64 uniform from the generator against the cumulative probabilities (~0.14 ms;
+`torch.multinomial` took ~1.0 ms, 66 ms for a decode step of 64 rows, as long as the forward of a 135 M model).
+The nucleus is found among the tokens within a log-prob width of the most likely one, widened until their mass
+reaches top_p; the vocabulary is sorted whole only when it never does or they are most of it. Row by row, not
+batched: one row's [V] float64 fits in the L2 cache, a step's [B, V] does not (measured 5x slower batched).
 """
 
 from __future__ import annotations
