@@ -61,7 +61,7 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) ->
     lp, ids = _distribution(logits, temperature, top_p)
     if ids is None:
         return lp
-    return torch.full(logits.shape, float("-inf")).index_copy_(0, ids, lp)
+    return torch.full(logits.shape, float("-inf"), device=lp.device).index_copy_(0, ids, lp)
 
 
 def draw(lp: torch.Tensor, generator: torch.Generator | None = None) -> int:
