@@ -37,6 +37,7 @@ from pathlib import Path
 
 from flywheel.sandbox.contract import SandboxLimits
 from flywheel.sandbox.host import UIDS, default_path, is_root, python_roots, resolve_kind
+from flywheel.sandbox.rootfs import under_tmp
 from flywheel.sandbox.sandbox import BWRAP_PYTHON_ENV, BWRAP_WORKSPACE, bwrap_view_args
 from flywheel.sandbox.workspace import Workspace, close_in_background, default_tmp_root
 
@@ -164,7 +165,7 @@ def _zygote(runs: list[ForkedRun], spaces: list[Workspace], uids: list[int], lim
                      "script": "module" if script == "module" else f"{bin_dir}/pytest"}
                     for slot, (r, uid) in enumerate(zip(runs, uids))],
            "env": run_env, "timeout_s": timeout_s, "parallel": parallel, "tmp_bytes": tmp_bytes,
-           "keep": [r for r in python_roots()[0] if r == "/tmp" or r.startswith("/tmp/")],  # under each run's /tmp
+           "keep": under_tmp(python_roots()[0]),  # bound again over each run's fresh /tmp
            "limits": {"cpu": limits.cpu_time_s, "as": limits.memory_mb * 1024 * 1024, "nproc": limits.max_procs,
                       "fsize": limits.file_size_mb * 1024 * 1024}}
     waves = -(-len(runs) // max(1, parallel))

@@ -304,12 +304,17 @@ def _remove_root(d: str, owner_pid: int) -> None:
         pass
 
 
+def under_tmp(paths) -> list[str]:
+    """The paths that lie under /tmp, which a sandbox's private /tmp covers: they must be bound again over it."""
+    return [p for p in paths if p == "/tmp" or p.startswith("/tmp/")]
+
+
 def prepared_root(tmp_root: str, python_roots: tuple[str, ...]) -> str | None:
     """The read-only root (built on first use in this process), or None where it cannot be built
     (not root, or no tmpfs/bind/mknod here): the caller then spells the view out bind by bind.
 
     `python_roots` must not lie under /tmp (the sandbox's private /tmp would hide them)."""
-    assert all(not (r == "/tmp" or r.startswith("/tmp/")) for r in python_roots), python_roots
+    assert not under_tmp(python_roots), python_roots
     with _lock:
         return _prepared_root_cached(os.path.realpath(tmp_root), tuple(python_roots), os.getpid())
 
@@ -372,7 +377,7 @@ def bwrap_system_args(bwrap: str, tmp_root: str, tmp_bytes: int,
     a = [bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
          "--unshare-cgroup-try", "--die-with-parent", "--hostname", "sandbox"]
     roots = python_roots
-    in_tmp = [r for r in roots if r == "/tmp" or r.startswith("/tmp/")]
+    in_tmp = under_tmp(roots)
     prepared = prepared_root(tmp_root, tuple(r for r in roots if r not in in_tmp))
     if prepared is not None:  # one bind for the whole system view
         # --dev-bind keeps the device nodes usable; every mount in it is read-only on the host already
