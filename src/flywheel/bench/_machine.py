@@ -29,6 +29,9 @@ def machine_info() -> dict:
 
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
+        from flywheel.modeling import blas
+
+        info["mkl_cbwr"] = blas.mode()  # MKL's reproducibility mode (None: no MKL); modeling/blas.py
         info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         pass

@@ -21,7 +21,8 @@ position p is computed the same way in all of them:
   tile-multiple number of keys >= its span and get the same bits: decode attends a whole batch over the
   longest span of the batch, in place on the KV pool (`modeling/kv_pool.py`), with no per-row copies;
 * the matmuls run on row blocks that are a multiple of 8 rows (the CPU BLAS picks one kernel family for
-  those: measured bit-identical per row for every M = 8k, 1 or 2 threads, MKL on AVX2; M = 1, 2, ... differ),
+  those: measured bit-identical per row for every M = 8k, 1 or 2 threads, MKL on AVX2; M = 1, 2, ... differ;
+  with 2+ threads only in MKL's strict mode on some CPUs, modeling/blas.py),
   with GQA folded into rows ([KV, R * M, hd] @ [KV, hd, L]), never a per-head copy of K;
 * the scale is applied to q before the matmul (an exact elementwise multiply, identical everywhere).
 

@@ -20,7 +20,9 @@ Default mode is not batch-invariant: a row's result may differ in the last bits 
 in a batch (MKL picks other kernels for small row counts, and the batched SDPA reduces over the longest
 row's keys); log-probs agree within float32 rounding. `pad_rows=True` pads every linear's rows to a
 multiple of `ROW_TILE` = 16 (M = 1, 2, 3, 5, 7, 9 differ from M >= 8 on an AMD EPYC; on an Intel Xeon with
-AVX-512, M = 8 differs from every larger multiple of 8).
+AVX-512, M = 8 differs from every larger multiple of 8). With 2+ threads that holds only in MKL's strict
+reproducible mode, which `import flywheel` sets (modeling/blas.py): otherwise MKL splits some reductions
+between threads at some row counts.
 
 `batch_invariant=True` (numerics.batch_invariant) makes a token's log-prob bit-identical whether it came from
 a prefill, a decode step in any batch, or the trainer's forward (`flywheel.modeling.batch_invariant`): rows
@@ -39,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.modeling import attention as bi_attention
+from flywheel.modeling import blas
 from flywheel.modeling.families import native_family
 from flywheel.modeling.kv_pool import KVPool, PooledKVCache
 from flywheel.modeling.lm_head import has_fp32_lm_head
@@ -127,6 +130,8 @@ class DecoderRunner:
         self.qk_norm = family.qk_norm
         self.model = model
         self.batch_invariant = bool(batch_invariant)
+        if self.batch_invariant and not next(model.parameters()).is_cuda:
+            blas.require_strict()  # one reduction order per output, whatever MKL's threads (modeling/blas.py)
         self.pad_rows = self.batch_invariant or bool(pad_rows)  # batch invariance needs the padded row tiles
         self.layers = list(model.model.layers)
         self.num_layers = len(self.layers)
