@@ -29,11 +29,8 @@ from pathlib import Path
 
 from flywheel.config import load_config
 from flywheel.envs.env import CodingEnv
-from flywheel.envs.tools import tools_for
-from flywheel.inference.registry import build_engine
-from flywheel.policy.chat import ChatFormat
+from flywheel.pipeline.evaluation import run_evaluation
 from flywheel.policy.model_dir import check_tokenizer_dir
-from flywheel.rollout.evaluate import evaluate
 from flywheel.rollout.worker import RolloutWorker
 from flywheel.tasks.loaders import load_tasks
 
@@ -138,25 +135,17 @@ def session_end(traj, rec: dict, max_turns: int, max_total_tokens: int, max_seq_
     return "wall_clock"
 
 
-async def run(cfg, model_dir: Path, tokenizer, tasks, cache: Path):
-    engine = build_engine(cfg, model_dir, tokenizer, log_dir=cache, name="eval")
-    await engine.start()
-    try:
-        rollout = cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})
-        worker = RecordingWorker(engine, ChatFormat(tokenizer, tools_for(cfg.env)),
-                                 lambda: RecordingEnv(cfg.env, cache, cfg.env.sandbox), rollout)
-        k = cfg.eval.num_samples
-        done: list[dict] = []
+def run(cfg, model_dir: Path, tokenizer, tasks, cache: Path):
+    done: list[dict] = []
 
-        def progress(row: dict) -> None:
-            done.append(row)
-            print(f"[{time.strftime('%H:%M:%S')}] {len(done)}/{len(tasks)} {row['task_id']}: "
-                  f"{row['correct']}/{row['n']} solved", flush=True)
+    def progress(row: dict) -> None:
+        done.append(row)
+        print(f"[{time.strftime('%H:%M:%S')}] {len(done)}/{len(tasks)} {row['task_id']}: "
+              f"{row['correct']}/{row['n']} solved", flush=True)
 
-        res = await evaluate(worker, tasks, num_samples=k, ks=tuple(sorted({1, k})), seed=cfg.seed, on_done=progress)
-        return res, worker.sessions
-    finally:
-        await engine.stop()
+    res, worker = asyncio.run(run_evaluation(cfg, model_dir, tokenizer, tasks, cache, progress,
+                                             worker_cls=RecordingWorker, env_cls=RecordingEnv))
+    return res, worker.sessions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="flywheel-minedpassk-") as cache:
-        res, sessions = asyncio.run(run(cfg, Path(args.model), tokenizer, tasks, Path(cache)))
+        res, sessions = run(cfg, Path(args.model), tokenizer, tasks, Path(cache))
     wall_s = time.time() - t0
     (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in res.per_task))
 
