@@ -68,7 +68,6 @@ from torch.distributed.tensor import DTensor
 from flywheel.config import TrainerConfig
 from flywheel.config.base import ConfigError
 from flywheel.modeling.batch_invariant import BatchInvariantForward, check_model
-from flywheel.policy.logprobs import entropy_from_logits, logprobs_from_logits
 from flywheel.policy.model import is_moe
 from flywheel.trainer import checkpoint as ckpt
 from flywheel.trainer import lora
@@ -81,6 +80,7 @@ from flywheel.trainer.packing import pack_by_tokens, packed_layout
 from flywheel.trainer.precision import apply_matmul_precision
 from flywheel.trainer.replay import moe_routers, router_replay
 from flywheel.trainer.schedule import warmup_factor
+from flywheel.trainer.scored import keeps_logits, scored_positions, target_logprobs
 from flywheel.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,7 @@ class Trainer:
         # segment lengths of each trained trajectory (by batch index)
         self._recomputed: tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]], dict[int, list[int]]] | None = None
         self._moe_shape: tuple[int, int] | None = None  # (MoE layers, top-k)
+        self._keep = not self.batch_invariant and keeps_logits(model)  # the head at scored positions (scored.py)
         if is_moe(cast(Any, model)):  # sampler routing is collated for replay and for the agreement metric
             routers = moe_routers(model)
             self._moe_shape = (len(routers), int(cast(Any, routers[0]).top_k)) if routers else None
@@ -234,7 +235,8 @@ class Trainer:
                             raise ValueError(f"routed experts per token must be [{shape[0]} layers][top-"
                                              f"{shape[1]}]; got {[len(k) for k in e]}")
                         experts[b, pos] = torch.tensor(e)
-        return {"input_ids": ids.to(self.device), "attention_mask": attn.to(self.device), "experts": experts}
+        return {"input_ids": ids.to(self.device), "attention_mask": attn.to(self.device), "experts": experts,
+                "keep": scored_positions([r.mask for r in rows]) if self._keep else None}
 
     def _experts_of(self, r: Row) -> torch.Tensor:
         """A row's replayed routing [L, layers, k] (-1 = the trainer's own)."""
@@ -256,7 +258,8 @@ class Trainer:
         if self._moe_shape is not None and any(r.routed_experts for r in rows):
             experts = torch.cat([self._experts_of(r) for r in rows])[None]
         return {"input_ids": ids.to(self.device), "attention_mask": None, "position_ids": pos.to(self.device),
-                "unpack": unpack.to(self.device), "experts": experts}
+                "unpack": unpack.to(self.device), "experts": experts,
+                "keep": scored_positions([r.mask for r in rows], unpack) if self._keep else None}
 
     def _logprobs(self, model, mb: dict[str, Any], replay: bool, measure: bool = False,
                   entropy: list[torch.Tensor] | None = None):
@@ -266,21 +269,21 @@ class Trainer:
         `entropy` (a list) the policy's entropy at each position [b, T-1] is appended to it."""
         apply = self.cfg.router_replay
         experts = mb["experts"] if replay and (apply or measure) else None
+        stats: Any
         if self.batch_invariant:
             fwd = self._bi_forwards.get(id(model))
             if fwd is None:
                 fwd = self._bi_forwards[id(model)] = BatchInvariantForward(model, module_methods=self.group is not None)
                 if self.group is not None:  # FSDP gathers each layer's parameters around its block
                     register_batch_invariant(model)
-            logits, bi_stats = fwd(mb["input_ids"], experts, apply_replay=apply)
-            if entropy is not None:
-                entropy.append(entropy_from_logits(logits[:, :-1], self.temperature))
-            return logprobs_from_logits(logits[:, :-1], mb["input_ids"][:, 1:], self.temperature), bi_stats
-        with router_replay(model, experts, apply=apply) as stats, self._autocast():
-            out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                        position_ids=mb.get("position_ids"), use_cache=False)
-            lp = logprobs_from_logits(out.logits[:, :-1], mb["input_ids"][:, 1:], self.temperature)
-            ent = entropy_from_logits(out.logits[:, :-1], self.temperature) if entropy is not None else None
+            logits, stats = fwd(mb["input_ids"], experts, apply_replay=apply)
+            lp, ent = target_logprobs(logits, mb["input_ids"], None, self.temperature, entropy is not None)
+        else:
+            with router_replay(model, experts, apply=apply) as stats, self._autocast():
+                keep = mb.get("keep")  # the head at the scored positions only (scored.py)
+                out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False,
+                            position_ids=mb.get("position_ids"), **({} if keep is None else {"logits_to_keep": keep}))
+                lp, ent = target_logprobs(out.logits, mb["input_ids"], keep, self.temperature, entropy is not None)
         if "unpack" in mb:  # packed: each row's target log-probs, back in the padded [rows, T - 1] layout
             lp = lp[0, mb["unpack"]]
             ent = ent[0, mb["unpack"]] if ent is not None else None
