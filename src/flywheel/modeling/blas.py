@@ -7,11 +7,12 @@
 Why: with two or more threads MKL's sgemm splits the reduction dimension K between the threads for some
 row counts and not for others. Measured on an Intel Xeon (AVX-512, MKL 2024.2, 2 threads):
 [M, 1536] @ [1536, 576] (SmolLM2's down projection) gives the rows of M = 64 … 192 other bits than M = 16
-or M >= 208, and [M, 2048] @ [2048, 576] differs from M = 16 for nearly every M >= 64. One thread, or the AMD
-EPYC hosts, showed no such split. Padding rows to a multiple of 16 (`decoder.ROW_TILE`) cannot fix that;
+or M >= 208, and [M, 2048] @ [2048, 576] differs from M = 16 for nearly every M >= 64. One thread showed no such
+split, nor did the AMD EPYC host's 32-session batch-invariant run (max |Δ log p| 0.0 there).
+Padding rows to a multiple of 16 (`decoder.ROW_TILE`) cannot fix that;
 MKL's strict CNR mode (`MKL_CBWR=AUTO,STRICT`) can: it reduces in one order whatever the threads, and then
-every multiple of 16 rows gives each row the same bits (`tests/unit/test_numerics.py`). Its cost on
-SmolLM2's shapes was within the noise of this machine (docs/numerics.md).
+every multiple of 16 rows gives each row the same bits (`tests/unit/test_blas.py`). Its cost: SmolLM2's decode
+within the noise of this machine, a float32 decode step at one row slower (docs/numerics.md).
 
 MKL reads the mode once, at its first call, and refuses to change it later. So `import flywheel` sets
 `MKL_CBWR=AUTO,STRICT` in the environment, unless it is already set (flywheel/__init__.py): child processes
