@@ -299,3 +299,36 @@ def test_generic_hf_path_for_other_architectures():
         with torch.no_grad():
             ref = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False)[0, len(p):]
         assert g.token_ids == ref.tolist()
+
+
+def test_a_bf16_engine_of_a_float32_policy_takes_float32_updates_and_rounds_them(tiny, tmp_path):
+    """inference.dtype = "bfloat16": the engine serves bf16 weights, the trainer publishes float32 ones."""
+    from flywheel.config import FlywheelConfig
+    from flywheel.inference.registry import build_engine as build_for
+
+    tiny.save_pretrained(tmp_path / "m")
+    cfg = FlywheelConfig.model_validate({"model": {"dtype": "float32"}, "inference": {"dtype": "bfloat16"}})
+    engine = build_for(cfg, tmp_path / "m", None, tmp_path / "log")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    served = engine.model.state_dict()[name]
+    assert served.dtype == torch.bfloat16
+    new = {k: v.detach().float() + 0.001 for k, v in tiny.state_dict().items() if v.is_floating_point()}
+    engine.update_weights(1, new)
+    assert torch.equal(engine.model.state_dict()[name], new[name].to(torch.bfloat16)) and engine.version == 1
+    with pytest.raises(ValueError, match="has dtype torch.bfloat16, the model expects torch.float32"):
+        engine.update_weights(2, {name: new[name].to(torch.bfloat16)})
+    sp = SamplingParams(max_new_tokens=6, **GREEDY)
+    out = asyncio.run(_alone_started(engine, _prompts(2, seed=3), [sp, sp]))
+    assert all(len(g.token_ids) == 6 and g.versions == [1] * 6 for g in out)
+
+
+async def _alone_started(engine, prompts, params):
+    async with engine:
+        return await _alone(engine, prompts, params)
+
+
+def test_a_bf16_engine_is_refused_where_log_probs_must_be_the_trainers_bit_for_bit():
+    from flywheel.config import FlywheelConfig
+
+    with pytest.raises(ValueError, match="inference.dtype = 'model'"):
+        FlywheelConfig.model_validate({"inference": {"dtype": "bfloat16"}, "numerics": {"batch_invariant": True}})

@@ -318,3 +318,30 @@ def test_entropy_and_recomputed_logprobs_of_a_step():
                 num += 1
     assert trainer.recomputed_logprobs(0) is None and trainer.recomputed_logprobs(99) is None
     assert m["entropy"] == pytest.approx(ent_sum / num, rel=1e-5) and 0 < m["entropy"] < math.log(VOCAB)
+
+
+def test_the_last_checkpoint_exports_as_a_loadable_model(tmp_path):
+    """A run stopped by a budget or a signal has no final_model; export_model makes one from its last checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    from flywheel.trainer.checkpoint import export_model, write_checkpoint
+
+    cfg = ModelConfig(preset="tiny", num_layers=2)
+    base, trained = build_model(cfg, 300), build_model(cfg, 300)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.5)
+    base.save_pretrained(tmp_path / "base")
+    (tmp_path / "base" / "tokenizer.json").write_text("{}")  # travels with the base's other files
+
+    tensors = {k: v.detach().clone() for k, v in trained.state_dict().items()}  # as the trainer writes them
+    step = write_checkpoint(tmp_path / "ckpt", 7, tensors, {"state": {}, "param_groups": []}, {})
+    out = export_model(tmp_path / "base", step, tmp_path / "out")
+    assert (out / "tokenizer.json").is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    for name, p in trained.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], p), name
+    adapter = write_checkpoint(tmp_path / "lora", 7, {"model.layers.0.self_attn.q_proj.lora_A": torch.zeros(2, 4)},
+                               {"state": {}, "param_groups": []}, {})
+    with pytest.raises(ValueError, match="LoRA adapters only"):
+        export_model(tmp_path / "base", adapter, tmp_path / "out2")

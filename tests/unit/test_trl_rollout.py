@@ -46,7 +46,7 @@ def test_the_rollout_function_gives_one_graded_session_per_prompt(chat, tmp_path
                                          "rollout": {"max_turns": 2, "max_new_tokens": 16}})
     tasks = generate_tasks(2, seed=5, split="train", difficulty="easy")
     rollout = HarnessRollout(cfg, {t.id: t for t in tasks}, chat, tmp_path)
-    trainer = SimpleNamespace(model=_model(chat), state=SimpleNamespace(global_step=0))
+    trainer = SimpleNamespace(model=_model(chat), state=SimpleNamespace(global_step=0), args=SimpleNamespace(bf16=False))
     prompts = [tasks[0].id] * 3 + [tasks[1].id] * 3  # TRL's sampler: each prompt num_generations times in a row
     out = rollout(prompts, trainer)
     assert all(len(out[k]) == 6 for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "flywheel_reward"))
@@ -54,3 +54,28 @@ def test_the_rollout_function_gives_one_graded_session_per_prompt(chat, tmp_path
                                                   out["env_mask"]):
         assert prompt and len(completion) == len(logprobs) == len(mask) and mask[0] == 1
     assert rollout.sessions == 6 and flywheel_reward(prompts, None, out["flywheel_reward"]) == out["flywheel_reward"]
+
+
+def test_trl_forward_passes_hold_what_one_flywheel_micro_batch_holds():
+    from flywheel.bench.trl import _trl_rows
+    from flywheel.config import load_config
+
+    real = load_config("configs/real.toml", [])  # 2,048-token micro-batches of 2,048-token sessions: one each
+    assert _trl_rows(real) == 1
+    demo = load_config("configs/demo.toml", ["--trainer.micro_batch_tokens", str(6 * 512),
+                                             "--rollout.max_total_tokens", "512", "--trainer.batch_size", "32"])
+    assert _trl_rows(demo) == 4  # 6 fit, 4 is the largest that divides the step's 32 sessions
+
+
+def test_a_real_runs_base_carries_its_own_tokenizer(tmp_path):
+    from flywheel.bench.trl import _base
+
+    base = tmp_path / "base_model"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / "tokenizer.json").write_text("{}")
+    assert _base(tmp_path) == (base, base)
+    assert _base(base) == (base, base)  # the model directory itself
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "tokenizer.json").write_text("{}")
+    assert _base(tmp_path) == (base, tmp_path / "tokenizer")  # a demo run's trained tokenizer beside it

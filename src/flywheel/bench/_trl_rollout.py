@@ -33,8 +33,8 @@ BATCH_WAIT_S = 0.02  # how long a request waits for others to share its generate
 class HFBatchEngine:
     """An Engine over a live `transformers` model: concurrent requests are left-padded into one `generate`."""
 
-    def __init__(self, model, pad_token_id: int, version=lambda: 0) -> None:
-        self.model, self.pad_token_id, self.version = model, pad_token_id, version
+    def __init__(self, model, pad_token_id: int, version=lambda: 0, bf16: bool = False) -> None:
+        self.model, self.pad_token_id, self.version, self.bf16 = model, pad_token_id, version, bf16
         self.pending: list[tuple[list[int], Any, asyncio.Future]] = []
         self.flushing = False
         self.tokens_sampled = 0
@@ -79,11 +79,12 @@ class HFBatchEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=ids, attention_mask=attn, do_sample=s.temperature > 0,
-                                      temperature=s.temperature or 1.0, top_p=s.top_p, top_k=0,
-                                      max_new_tokens=max_new, eos_token_id=list(stops),
-                                      pad_token_id=self.pad_token_id, output_logits=True,
-                                      return_dict_in_generate=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):  # as TRL's own forward passes
+                out = self.model.generate(input_ids=ids, attention_mask=attn, do_sample=s.temperature > 0,
+                                          temperature=s.temperature or 1.0, top_p=s.top_p, top_k=0,
+                                          max_new_tokens=max_new, eos_token_id=list(stops),
+                                          pad_token_id=self.pad_token_id, output_logits=True,
+                                          return_dict_in_generate=True)
         finally:
             self.model.train(was_training)
         new = out.sequences[:, width:]
@@ -116,7 +117,8 @@ class HarnessRollout:
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
         if self.engine is None:
             pad = self.chat.tokenizer.pad_token_id or 0
-            self.engine = HFBatchEngine(trainer.model, pad, lambda: int(trainer.state.global_step))
+            self.engine = HFBatchEngine(trainer.model, pad, lambda: int(trainer.state.global_step),
+                                        bf16=bool(trainer.args.bf16))
         runs: list[tuple[str, int]] = []
         for p in prompts:
             key = p if isinstance(p, str) else str(p)

@@ -47,6 +47,7 @@ from flywheel.rollout.summary_metrics import summary_metrics
 from flywheel.rollout.worker import RolloutWorker
 from flywheel.tasks.synth import generate_tasks
 from flywheel.tasks.synth.long import generate_long_tasks
+from flywheel.trainer import checkpoint as ckpt
 from flywheel.types import Task, Trajectory
 
 CONFIG = "configs/long.toml"
@@ -153,6 +154,9 @@ def run(args: argparse.Namespace) -> dict:
     rl = _rl(rl_cfg, rl_dir, base, tok_dir, long_train, QUICK_RL_BUDGET_S if quick else RL_BUDGET_S)
     rl_summary = {k: rl[k] for k in ("steps", "wall_s", "rollouts", "interrupted") if k in rl}
     trained = rl_dir / "final_model"
+    last = ckpt.latest_checkpoint(rl_dir / "checkpoints")
+    if not (trained / "config.json").exists() and last is not None:  # stopped by its budget: its last step
+        trained = ckpt.export_model(base, last, root / "eval" / "trained_model")
     if (trained / "config.json").exists():
         arms["trained"] = _arm(cfg, trained, tokenizer, heldout, root / "cache" / "trained")
         arms["trained_off"] = _arm(off, trained, tokenizer, heldout, root / "cache" / "trained_off")

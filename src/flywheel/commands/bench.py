@@ -63,9 +63,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "candidates past its share (what it kept is verified and reported); default: no budget")
     p.add_argument("--budget-s", type=float, default=None, help="trl: wall-clock seconds of training per arm "
                    "(default 300)")
+    p.add_argument("--config", default=None, metavar="TOML", help="trl: the recipe both arms run from --base "
+                   "(default configs/demo.toml; configs/real.toml with --base runs/real for SmolLM2)")
+    p.add_argument("--curve-points", type=int, default=None, metavar="N", help="trl: most flywheel checkpoints "
+                   "evaluated (default 8) and TRL snapshots saved (every 1/N of the budget; default 10) on the way to "
+                   "TRL's final score; each is one held-out evaluation")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="pipeline: a config override "
                    "for both runs, e.g. --set trainer.correction=none (repeatable); precision --base: for every arm; summarize: "
-                   "for every stage (e.g. --set midtrain.summary_transcripts=0, with another --run-dir)")
+                   "for every stage (e.g. --set midtrain.summary_transcripts=0, with another --run-dir); trl: for both arms "
+                   "(e.g. --set inference.dtype=bfloat16: flywheel's engine; TRL generates with its own model)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -104,6 +104,12 @@ class InferenceConfig(Section):
     (flywheel/inference/vllm.py, settings in `inference.vllm`)."""
 
     type: Literal["local", "vllm"] = Field("local", description="engine implementation")
+    dtype: Literal["model", "bfloat16"] = Field(
+        "model", description="local engine of the RL loop and of evaluation (online serving keeps model.dtype): the "
+        "dtype it serves the policy in; 'model' = model.dtype; 'bfloat16' serves a float32 policy's weights rounded "
+        "to bf16 at load and at every swap (the store still publishes and verifies model.dtype), faster where the "
+        "CPU has bf16 matmul units; its log-probs are the bf16 policy's, which the trainer's off-policy correction "
+        "accounts for (docs/inference.md)")
     max_batch_size: int = Field(64, ge=1, le=4096, description="sessions decoded together per step (vllm: "
                                 "--max-num-seqs)")
     max_prefill_tokens: int = Field(4096, ge=16, description="prompt tokens admitted per prefill step")
@@ -430,6 +436,14 @@ class FlywheelConfig(Section):
             elif isinstance(section, dict) and "seed" not in section:
                 out[name] = {**section, "seed": seed}
         return out
+
+    @model_validator(mode="after")
+    def _check_engine_dtype(self) -> FlywheelConfig:
+        if self.inference.dtype == "bfloat16" and self.numerics.batch_invariant and self.model.dtype != "bfloat16":
+            raise ValueError("inference.dtype = 'bfloat16' serves other weights than the trainer's float32 ones, and "
+                             "numerics.batch_invariant promises the trainer's log-probs bit for bit: set "
+                             "inference.dtype = 'model' (or turn batch_invariant off)")
+        return self
 
 
 SEEDED_SECTIONS = ("model", "trainer", "midtrain")  # sections with a `seed` of their own

@@ -93,7 +93,7 @@ class LocalEngine:
                  tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096, batch_invariant: bool = False,
                  prefix_cache_mb: int = 0, max_background_rows: int | None = None,
                  max_background_prefill_tokens: int | None = None, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16"):
+                 kv_dtype: str = "bf16", update_dtype: torch.dtype | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -114,6 +114,9 @@ class LocalEngine:
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self._version = int(version)
         self._params = dict(model.state_dict(keep_vars=True))  # name -> Parameter/buffer (tied names alias)
+        # the dtype weight updates arrive in (the trainer's model.dtype): a bf16 engine of a float32 policy
+        # (inference.dtype) takes float32 updates and rounds them to its own dtype; None = each tensor's own dtype
+        self.update_dtype = update_dtype
         self.weight_dtype = weight_dtype  # inference.weight_dtype: served weights fake-quantized (modeling/quant.py)
         quantize_params_(self._params, weight_dtype)
         # LoRA runs: adapters merged into the pristine base, or hung unmerged on the native runner's linears
@@ -255,9 +258,10 @@ class LocalEngine:
             if tuple(t.shape) != tuple(cur.shape):
                 raise ValueError(f"weight update: '{name}' has shape {tuple(t.shape)}, the model expects "
                                  f"{tuple(cur.shape)}")
-            if t.dtype != cur.dtype:
-                raise ValueError(f"weight update: '{name}' has dtype {t.dtype}, the model expects {cur.dtype}")
-            new = t.detach().to(device=cur.device, copy=True).contiguous()
+            expect = self.update_dtype if self.update_dtype is not None and cur.is_floating_point() else cur.dtype
+            if t.dtype != expect:
+                raise ValueError(f"weight update: '{name}' has dtype {t.dtype}, the model expects {expect}")
+            new = t.detach().to(device=cur.device, dtype=cur.dtype, copy=True).contiguous()
             prepared.append((cur, quantize_weight(name, new, self.weight_dtype)))
         self._adapter.reset_base([str(n) for n in tensors])  # full weights: the new base of any later adapter
         with self._cond:
@@ -409,14 +413,16 @@ class LocalEngine:
 
 def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False,
                  max_background_rows: int | None = None,
-                 max_background_prefill_tokens: int | None = None) -> LocalEngine:
+                 max_background_prefill_tokens: int | None = None,
+                 update_dtype: torch.dtype | None = None) -> LocalEngine:
     """An engine from an InferenceConfig. `batch_invariant` is `numerics.batch_invariant` (log-probs
     bit-identical to the trainer's); `max_background_rows` and
-    `max_background_prefill_tokens` are `online.pool`'s (None: no cap)."""
+    `max_background_prefill_tokens` are `online.pool`'s (None: no cap); `update_dtype` is the dtype the
+    trainer publishes, when the engine serves in another (`inference.dtype`)."""
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)  # explicit user request; process-wide in torch
     return LocalEngine(model, max_batch_size=cfg.max_batch_size, max_prefill_tokens=cfg.max_prefill_tokens,
                        tokenizer=tokenizer, batch_invariant=batch_invariant, prefix_cache_mb=cfg.prefix_cache_mb,
                        max_background_rows=max_background_rows,
                        max_background_prefill_tokens=max_background_prefill_tokens,
-                       weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype)
+                       weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, update_dtype=update_dtype)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from flywheel.config import FlywheelConfig
 from flywheel.inference import local
 from flywheel.inference.vllm import StoreSync, VLLMEngine
@@ -24,8 +26,12 @@ from flywheel.weights.sync import Subscriber
 
 
 def _local(cfg: FlywheelConfig, model_dir: Path, tokenizer, log_dir: Path, name: str):
-    model = use_fp32_lm_head(load_model(model_dir, cfg.model.dtype), cfg.numerics.fp32_lm_head)
-    return local.build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant)
+    serve = cfg.model.dtype if cfg.inference.dtype == "model" else cfg.inference.dtype
+    # loaded in the dtype it serves (from_pretrained keeps the rotary tables float32, a cast would not); weight
+    # updates still arrive in the trainer's model.dtype and are rounded to it
+    model = use_fp32_lm_head(load_model(model_dir, serve), cfg.numerics.fp32_lm_head)
+    return local.build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant,
+                              update_dtype=getattr(torch, cfg.model.dtype))
 
 
 def _vllm(cfg: FlywheelConfig, model_dir: Path, tokenizer, log_dir: Path, name: str):

@@ -167,3 +167,21 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         "trainer": state["trainer"],
         "extra": state["extra"],
     }
+
+
+def export_model(base_model: str | Path, checkpoint: str | Path, out: str | Path) -> Path:
+    """A loadable model directory at `out`: `base_model`'s config, tokenizer and chat template with `checkpoint`'s
+    weights (a replaced `out`). A run stopped before its last step (a budget, a signal) writes no final_model
+    (orchestrator/loop.py); this is how its last checkpoint gets evaluated or served."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(checkpoint) / "model.safetensors"), framework="pt") as f:
+        if any(".lora_" in k for k in f.keys()):
+            raise ValueError(f"{checkpoint} holds LoRA adapters only (trainer.lora): serve it on its base "
+                             "(docs/training.md, LoRA) instead of exporting a model directory")
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(base_model, out)
+    shutil.copyfile(Path(checkpoint) / "model.safetensors", out / "model.safetensors")
+    return out
