@@ -135,6 +135,9 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float, 
                       per_device_train_batch_size=rows, gradient_accumulation_steps=cfg.trainer.batch_size // rows,
                       num_iterations=cfg.trainer.update_epochs,
                       beta=0.0, max_steps=1_000_000, logging_steps=1, save_strategy="no", report_to="none",
+                      # TRL's GRPOConfig turns activation checkpointing on by default; flywheel's trainer keeps
+                      # activations (trainer.activation_checkpointing = false) and one row fits in memory here
+                      gradient_checkpointing=cfg.trainer.activation_checkpointing,
                       use_cpu=True, bf16=cfg.trainer.dtype == "bfloat16", temperature=cfg.rollout.temperature,
                       seed=cfg.seed,
                       max_completion_length=cfg.rollout.max_total_tokens, warmup_steps=0,
@@ -172,6 +175,7 @@ def run_trl(cfg, run_dir: Path, model: Path, tok: Path, tasks, budget_s: float, 
             "generate_s": engine.generate_s if engine else None,
             "settings": {k: getattr(args, k) for k in ("learning_rate", "num_generations", "per_device_train_batch_size",
                                                        "gradient_accumulation_steps", "generation_batch_size",
+                                                       "gradient_checkpointing",
                                                        "num_iterations", "beta", "loss_type", "temperature", "bf16")}}
 
 
