@@ -30,8 +30,8 @@ def _local(cfg: FlywheelConfig, model_dir: Path, tokenizer, log_dir: Path, name:
     # loaded in the dtype it serves (from_pretrained keeps the rotary tables float32, a cast would not); weight
     # updates still arrive in the trainer's model.dtype and are rounded to it
     model = use_fp32_lm_head(load_model(model_dir, serve), cfg.numerics.fp32_lm_head)
-    return local.build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant,
-                              update_dtype=getattr(torch, cfg.model.dtype))
+    update_dtype = getattr(torch, cfg.model.dtype) if serve != cfg.model.dtype else None  # None: as served
+    return local.build_engine(cfg.inference, model, tokenizer, cfg.numerics.batch_invariant, update_dtype=update_dtype)
 
 
 def _vllm(cfg: FlywheelConfig, model_dir: Path, tokenizer, log_dir: Path, name: str):
