@@ -99,8 +99,13 @@ def _uses_base(item) -> bool:
     return "demo_base" in getattr(item, "fixturenames", ())
 
 
+def _order(item) -> int:
+    """0: the rest; 1: the tests on the demo's base; 2: `after_demo_base`, which want both cores to themselves."""
+    return 2 if item.get_closest_marker("after_demo_base") else int(_uses_base(item))
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_uses_base)  # stable: the tests on the demo's base last, in their order
+    items.sort(key=_order)  # stable: the tests on the demo's base near the end, each group in its order
 
 
 def pytest_collection_finish(session):

@@ -30,8 +30,8 @@ def base(tmp_path_factory):
     return root, generate_tasks(6, seed=3, split="train", difficulty="easy")
 
 
-def config(run_dir: Path, mode: str, num_steps: int):
-    return load_config(None, [
+def config(run_dir: Path, mode: str, num_steps: int, *extra: str):
+    return load_config(None, [*extra,
         "--run_dir", str(run_dir), "--orchestrator.mode", mode, "--orchestrator.drop_uniform_groups", "false",
         "--orchestrator.max_staleness", "8", "--env.tools", "core", "--env.sandbox", "local",
         "--rollout.group_size", "2", "--rollout.max_turns", "2", "--rollout.max_new_tokens", "16",
@@ -151,3 +151,18 @@ def test_loop_trains_and_serves_a_lora_adapter(base, tmp_path):
     assert out["steps"] == 2 and not out["interrupted"]
     manifest = json.loads((run_dir / "weights" / "versions" / "000000000002.json").read_text())
     assert manifest.get("adapter") and all(".lora_" in name for name in manifest["tensors"])
+
+
+def test_loop_publishes_the_served_form_of_an_nvfp4_engine_and_the_engine_takes_it(base, tmp_path):
+    """weights.publish_served: every version carries the decoder matrices as NVFP4 codes and scales, the engine
+    installs each one (the subscriber checks what it serves against the trainer's hashes) and the run finishes."""
+    root, tasks = base
+    run_dir = tmp_path / "served"
+    cfg = config(run_dir, "sync", 2, "--inference.weight_dtype", "nvfp4", "--weights.publish_served", "true")
+    out = run_rl(cfg, run_dir, root / "model", root / "tokenizer", tasks)
+    # sync: step 2 was sampled at version 1, which the engine installed from its served form
+    assert out["steps"] == 2 and not out["interrupted"] and out["node/version"] == 1, out
+    manifest = json.loads((run_dir / "weights" / "versions" / "000000000002.json").read_text())
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert manifest["served_format"] == "nvfp4" and manifest["tensors"][q]["dtype"] == "uint8"
+    assert q + "#scales" in manifest["tensors"] and q in manifest["served"]

@@ -14,6 +14,7 @@ from flywheel.modeling.quant import (
     fake_quant_fp8,
     fake_quant_mxfp4,
     fake_quant_nvfp4,
+    from_storage_codes,
     is_quantized_weight,
     quantize_weights,
     round_to_e2m1,
@@ -148,6 +149,22 @@ def test_storage_codes_decode_to_the_fake_quantized_values():
     assert codes.dtype == np.uint8 and scales.shape == (1,)
     assert torch.equal(fp8 / float(scales[0]), fake_quant_fp8(x))
     assert storage_codes(x, "nvfp4")[0].nbytes == 4 * 64 // 2 and storage_codes(x, "bf16")[0].dtype == np.uint16
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e4m3_block", "fp8_e5m2", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_stored_codes_give_back_the_fake_quantized_tensor_bit_for_bit(fmt, dtype):
+    """weights.publish_served: an engine that receives a format's bytes serves what a fake-quantizing one would."""
+    g = torch.Generator().manual_seed(5)
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[dtype]
+    for shape in [(64, 96), (3, 200), (130, 17), (2, 3, 128)]:  # blocks padded at the end of the last dim, 3-D
+        for x in [torch.randn(*shape, generator=g) * 7, torch.zeros(shape), torch.randn(*shape, generator=g) * 1e-30]:
+            x = x.to(dtype)
+            codes, scales = storage_codes(x, fmt)
+            y = from_storage_codes(torch.from_numpy(codes.copy()), torch.from_numpy(scales.copy()), fmt, x.shape, dtype)
+            assert y.dtype == dtype and torch.equal(y.view(ints), fake_quant(x, fmt).view(ints)), (shape, x.abs().max())
+    with pytest.raises(ValueError, match="scales"):
+        from_storage_codes(torch.from_numpy(codes.copy()), None, fmt, x.shape, dtype)
 
 
 def test_fake_quant_operands_give_torch_scaled_mm_up_to_accumulation_order():

@@ -23,9 +23,10 @@ raw mismatch seen by the gradient; 0 = the exact on-policy weight); `kept_frac` 
 In the summary, per pair: `weight_error_none`, the largest `weight_error` of TIS, MIS and IcePop
 (`weight_error_corrected_max`), and the smallest `kept_frac` of MIS and IcePop (`kept_frac_min`); every
 correction's figures are under `measured.pairs`.
-`delta_bytes_per_version`: the weight codec's (weights/codec.py) bytes for the delta between two quantized
-versions of the decoder matrices (the model before and after one AdamW step at lr 1e-5 on synthetic text), on
-the form each format stores: bf16 bits, fp8 bytes, packed e2m1 nibbles, plus the scales that changed (raw).
+`delta_bytes_per_version`: the bytes the weight store publishes (weights/sync.py Publisher, weights/codec.py) for
+the delta between two versions of the decoder matrices (the model before and after one AdamW step at lr 1e-5 on
+synthetic text) in each format's served form (`weights.publish_served`): bf16 bits, fp8 bytes, packed e2m1
+nibbles, each with its scales (`scale_bytes`: the scales' share of the delta).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,13 +51,13 @@ from flywheel.bench.mismatch import (
 )
 from flywheel.config import ModelConfig
 from flywheel.modeling.lm_head import use_fp32_lm_head
-from flywheel.modeling.quant import is_quantized_weight, storage_codes
+from flywheel.modeling.quant import SCALES, is_quantized_weight, quantize_weight, served_tensors
 from flywheel.policy.model import build_model, load_model
 from flywheel.policy.tokenizer import load_tokenizer
 from flywheel.trainer.losses import correction_weights
 from flywheel.trainer.mismatch import mismatch_metrics
 from flywheel.types import SamplingParams
-from flywheel.weights.codec import encode_chunk
+from flywheel.weights.sync import Publisher
 
 # (name, engine weight_dtype, engine kv_dtype, trainer matmul_precision)
 PAIRS = [
@@ -109,19 +111,23 @@ def corrections(lp_t: torch.Tensor, lp_s: torch.Tensor, mask: torch.Tensor, seq_
 
 
 def delta_bytes(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], fmt: str) -> dict:
-    """The codec's bytes for version `after` against `before`, both served in `fmt` (module docstring)."""
-    total = changed_scales_bytes = num_changed = num_elems = 0
-    for name, old in before.items():
-        if not is_quantized_weight(name, old):
-            continue
-        (c_new, s_new), (c_old, s_old) = storage_codes(after[name], fmt), storage_codes(old, fmt)
-        total += len(encode_chunk(c_new.reshape(-1), c_old.reshape(-1)))
-        num_changed += int((c_new != c_old).sum())
-        num_elems += c_new.size
-        if s_new is not None and s_old is not None:
-            changed_scales_bytes += int((s_new != s_old).sum()) * s_new.itemsize
-    return {"delta_bytes": total + changed_scales_bytes, "scale_bytes": changed_scales_bytes,
-            "changed_frac": num_changed / max(num_elems, 1)}
+    """The bytes a weight store publishes for version `after` against `before`, both in the served form of `fmt`
+    (weights.publish_served: the decoder matrices as the format's codes and scales; bf16: their bf16 bits),
+    through the real Publisher (module docstring)."""
+    names = [n for n, t in before.items() if is_quantized_weight(n, t)]
+    def to_served(n: str, t: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        return served_tensors(n, t, fmt), quantize_weight(n, t, fmt)
+
+    bf16 = fmt == "bf16"
+    with tempfile.TemporaryDirectory() as root:
+        with Publisher(root, anchor_every=1000, num_threads=1, dtype="bfloat16" if bf16 else None,
+                       served_format="" if bf16 else fmt, to_served=None if bf16 else to_served) as pub:
+            pub.publish(0, {n: before[n] for n in names}).result()
+            m = pub.publish(1, {n: after[n] for n in names}).result()
+            old, new = (pub.store.read_manifest(v)["tensors"] for v in (0, 1))
+    scale_bytes = sum(size for n, e in new.items() if n.endswith(SCALES) and e["hash"] != old[n]["hash"]
+                      for _, size in e["delta"])  # the delta chunks of the scales that changed
+    return {"delta_bytes": m["bytes_published"], "scale_bytes": scale_bytes, "changed_frac": m["changed_fraction"]}
 
 
 def _two_versions(model) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

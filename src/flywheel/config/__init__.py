@@ -243,6 +243,11 @@ class WeightsConfig(Section):
     num_threads: int = Field(0, ge=0, le=256, description="encode/decode threads; 0 = all cores")
     relay_bandwidth_mbps: float = Field(0.0, ge=0, description="relay egress cap in MB/s; 0 = unlimited")
     relay_streams: int = Field(8, ge=1, le=1024, description="parallel chunk fetches per subscriber")
+    publish_served: bool = Field(False, description="with inference.weight_dtype other than bf16: the store publishes "
+                                 "the decoder matrices as the engines serve them (fake-quantized in that format), so "
+                                 "the delta is computed on the served form and every engine installs those values "
+                                 "as published and checks them bit for bit; false = the trainer's weights, which "
+                                 "each engine quantizes itself (docs/numerics.md, \"The served form in the store\")")
 
 
 class RayConfig(Section):
@@ -443,6 +448,16 @@ class FlywheelConfig(Section):
             raise ValueError("inference.dtype = 'bfloat16' serves other weights than the trainer's float32 ones, and "
                              "numerics.batch_invariant promises the trainer's log-probs bit for bit: set "
                              "inference.dtype = 'model' (or turn batch_invariant off)")
+        if self.weights.publish_served and self.inference.weight_dtype != "bf16":
+            where = ("inference.type = 'vllm' (vLLM engines do not fake-quantize)" if self.inference.type == "vllm"
+                     else f"trainer.world_size = {self.trainer.world_size} (each rank publishes a slice; a "
+                     "per-tensor scale needs the whole tensor)" if self.trainer.world_size > 1
+                     else "inference.dtype = 'bfloat16' with a float32 model (the engine would round the served "
+                     "values again)" if self.inference.dtype == "bfloat16" and self.model.dtype != "bfloat16"
+                     else "")
+            if where:
+                raise ValueError(f"weights.publish_served publishes the weights as a local engine of the trainer's "
+                                 f"dtype serves them, which {where} cannot take: set weights.publish_served = false")
         return self
 
 

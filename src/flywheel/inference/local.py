@@ -43,7 +43,7 @@ from flywheel.inference.lora import AdapterMerger
 from flywheel.inference.prefix_cache import PrefixStore
 from flywheel.inference.sampling import sample_token
 from flywheel.inference.scheduler import PRIORITIES, AdmissionQueue, Priority
-from flywheel.modeling.quant import quantize_params_, quantize_weight
+from flywheel.modeling.quant import from_served_tensors, quantize_params_, quantize_weight
 from flywheel.modeling.runner import runner_for
 from flywheel.types import Generation, SamplingParams
 
@@ -239,13 +239,21 @@ class LocalEngine:
 
     # ---- weights -----------------------------------------------------------------------------------
 
-    def update_weights(self, version: int, tensors: Mapping[str, Any]) -> float:
+    def update_weights(self, version: int, tensors: Mapping[str, Any], *, served_format: str | None = None) -> float:
         """Install `tensors` (state-dict names; a subset is fine) as `version`. Returns the pause in ms.
 
-        Everything is validated and copied before decoding is held; a rejected update raises ValueError
-        (or TypeError) naming the tensor and leaves the engine serving its previous version."""
+        `served_format`: the tensors are already as an engine in that format serves them (weights.publish_served),
+        so they are installed as given, not rounded or quantized again; it must be this engine's weight_dtype, and
+        the tensors this engine's dtype. Everything is validated and copied before decoding is held; a rejected
+        update raises ValueError (or TypeError) naming the tensor and leaves the engine serving its previous
+        version."""
         if not isinstance(tensors, Mapping) or not tensors:
             raise ValueError("update_weights needs a non-empty mapping of state-dict name -> tensor")
+        if served_format is not None:
+            if served_format != self.weight_dtype:
+                raise ValueError(f"weight update in the served form of {served_format}; this engine serves "
+                                 f"{self.weight_dtype}: set inference.weight_dtype = '{served_format}'")
+            tensors = from_served_tensors(tensors, served_format, self._params)
         prepared = []
         for name, t in tensors.items():
             if name not in self._params:
@@ -258,11 +266,12 @@ class LocalEngine:
             if tuple(t.shape) != tuple(cur.shape):
                 raise ValueError(f"weight update: '{name}' has shape {tuple(t.shape)}, the model expects "
                                  f"{tuple(cur.shape)}")
-            expect = self.update_dtype if self.update_dtype is not None and cur.is_floating_point() else cur.dtype
+            expect = (self.update_dtype if self.update_dtype is not None and cur.is_floating_point()
+                      and served_format is None else cur.dtype)
             if t.dtype != expect:
                 raise ValueError(f"weight update: '{name}' has dtype {t.dtype}, the model expects {expect}")
             new = t.detach().to(device=cur.device, dtype=cur.dtype, copy=True).contiguous()
-            prepared.append((cur, quantize_weight(name, new, self.weight_dtype)))
+            prepared.append((cur, new if served_format is not None else quantize_weight(name, new, self.weight_dtype)))
         self._adapter.reset_base([str(n) for n in tensors])  # full weights: the new base of any later adapter
         with self._cond:
             self._swaps_waiting += 1
@@ -278,6 +287,11 @@ class LocalEngine:
                 self._swaps_waiting -= 1
                 self._cond.notify_all()
         return pause_ms
+
+    def served_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The values this engine computes with under state-dict `names` (its own storage: do not write into them),
+        for a subscriber's check that a served-form update was installed as published."""
+        return {n: self._params[n].detach() for n in names if n in self._params}
 
     def update_adapter(self, version: int, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> float:
         """Serve a LoRA adapter (`<module>.lora_A` / `.lora_B`, meta with `scale` and `base_digest`) as `version`,

@@ -5,6 +5,7 @@
     quantize_weights(model.state_dict(), "fp8_e4m3")  # {name: tensor} of what an fp8 engine serves
     k_q = fake_quant_kv(k, "nvfp4")                   # the KV cache's rule: each token's head vector alone
     codes, scales = storage_codes(w, "mxfp4")         # the bytes the format stores (packed nibbles, E8M0 scales)
+    from_storage_codes(torch.from_numpy(codes), torch.from_numpy(scales), "mxfp4", w.shape, w.dtype)  # == w_q, bitwise
 
 Why fake quant: this machine has no fp8/fp4 matmul units, but the numbers such a kernel multiplies are fixed by
 the format's rounding and scaling rules. Quantize-dequantize with those rules (round to nearest even, saturate to
@@ -172,6 +173,93 @@ def storage_codes(x: torch.Tensor, fmt: str) -> tuple[np.ndarray, np.ndarray | N
     codes = torch.nn.functional.pad(codes, (0, codes.numel() % 2))
     return (codes[0::2] | (codes[1::2] << 4)).numpy(), scales
 
+
+_E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _e2m1_values(packed: torch.Tensor, count: int) -> torch.Tensor:
+    """Packed nibbles (two codes a byte, low first) -> `count` e2m1 values as float32 (code 8 is -0.0)."""
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(-1)[:count].long()
+    return torch.copysign(_E2M1_VALUES[codes & 7], 1.0 - 2.0 * (codes >> 3).float())
+
+
+def from_storage_codes(codes: torch.Tensor, scales: torch.Tensor | None, fmt: str, shape: tuple[int, ...] | torch.Size,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """The tensor `storage_codes` stored, of `shape` and `dtype`: bit for bit the `fake_quant(x, fmt)` of the x the
+    codes came from (the same dequantizing arithmetic on the same codes and scales), so an engine that receives the
+    format's bytes serves exactly the values a fake-quantizing engine would (weights.publish_served). Finite
+    inputs only (a non-finite x's NaNs are the quantizer's, not the codes')."""
+    shape = tuple(shape)
+    n = shape[-1] if shape else 1
+    if fmt == "bf16":
+        raise ValueError("bf16 has no codes to dequantize: its served form is the tensor itself")
+    if scales is None:
+        raise ValueError(f"'{fmt}' codes need their scales")
+    if fmt in ("fp8_e4m3", "fp8_e4m3_block", "fp8_e5m2"):
+        q = codes.view(torch.float8_e5m2 if fmt == "fp8_e5m2" else torch.float8_e4m3fn)
+        if fmt != "fp8_e4m3_block":
+            return (q.float().reshape(1, -1) / scales.reshape(1, 1)).reshape(shape).to(dtype)
+        yb = q.float().reshape(*shape[:-1], -1, FP8_BLOCK) / scales.reshape(*shape[:-1], -1, 1)
+        return yb.reshape(*shape[:-1], -1)[..., :n].reshape(shape).to(dtype)
+    block = MX_BLOCK if fmt == "mxfp4" else NV_BLOCK if fmt == "nvfp4" else 0
+    if not block:
+        _check_format(fmt)
+        raise AssertionError(f"from_storage_codes does not cover '{fmt}'")
+    blocks = shape[:-1] + (-(-n // block), block)
+    elems = _e2m1_values(codes, int(np.prod(blocks))).reshape(blocks)
+    if fmt == "mxfp4":
+        biased = scales.to(torch.int32).reshape(*blocks[:-1], 1)
+        yb = elems * torch.pow(torch.full(biased.shape, 2.0), (biased - 127).float())
+    else:
+        per_tensor = scales[-4:].clone().view(torch.float32).reshape(())
+        block_scale = scales[:-4].view(torch.float8_e4m3fn).float().reshape(*blocks[:-1], 1)
+        yb = torch.where(per_tensor == 0, 0.0, elems * (per_tensor * block_scale))
+    return yb.reshape(*yb.shape[:-2], -1)[..., :n].reshape(shape).to(dtype)
+
+
+def served_tensors(name: str, t: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    """What a weight store publishes for state-dict tensor `name` in the served form of `fmt`: a quantized weight
+    (`is_quantized_weight`) as the format's bytes, `{name: codes (uint8, 1-D), name + SCALES: scales (1-D)}`;
+    any other tensor as it is. `from_storage_codes` turns the pair back into the served values."""
+    if fmt == "bf16" or not is_quantized_weight(name, t):
+        return {name: t}
+    codes, scales = storage_codes(t, fmt)
+    assert scales is not None
+    return {name: torch.from_numpy(np.ascontiguousarray(codes)),
+            name + SCALES: torch.from_numpy(np.ascontiguousarray(scales))}
+
+
+SCALES = "#scales"  # the suffix of a served-form weight's scales in a store (no state-dict name has a '#')
+
+
+def from_served_tensors(tensors: Mapping[str, torch.Tensor], fmt: str, like: Mapping[str, torch.Tensor]
+                        ) -> dict[str, torch.Tensor]:
+    """The served-form tensors of a store version (`served_tensors`' output for some state-dict names) back as
+    {state-dict name: the values an `fmt` engine serves}, each of the shape and dtype of `like[name]` (the
+    engine's own tensor). A quantized weight without its scales, scales without their weight or codes that do
+    not fit the weight raise ValueError naming the tensor."""
+    out = {}
+    for key, t in tensors.items():
+        if key.endswith(SCALES):
+            if key[:-len(SCALES)] not in tensors:
+                raise ValueError(f"served-form update: '{key}' without the codes '{key[:-len(SCALES)]}'")
+            continue
+        if key not in like:
+            out[key] = t  # the engine names what it does not know
+            continue
+        ref = like[key]
+        if is_quantized_weight(key, ref) and fmt != "bf16":
+            if key + SCALES not in tensors:
+                raise ValueError(f"served-form update: '{key}' is a weight a {fmt} engine serves quantized, and it "
+                                 f"came without its scales '{key}{SCALES}'")
+            try:
+                out[key] = from_storage_codes(t, tensors[key + SCALES], fmt, ref.shape, ref.dtype)
+            except (RuntimeError, TypeError) as err:
+                raise ValueError(f"served-form update: the {fmt} codes of '{key}' ({t.dtype}, {t.numel()} values) do "
+                                 f"not fit its shape {tuple(ref.shape)}: {err}") from None
+        else:
+            out[key] = t
+    return out
 
 # name -> fake quantizer; "bf16" = as given (the dtype the model was loaded in; nothing rounded)
 FORMATS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.dashboard.trainer_logprobs import TrainerLogprobsWriter, sample_indices
 from flywheel.modeling.lm_head import use_fp32_lm_head
+from flywheel.modeling.quant import quantize_weight, served_tensors
 from flywheel.orchestrator.forwarding import ForwardingTrainer
 from flywheel.orchestrator.ray import as_actor, init_ray
 from flywheel.policy.model import load_model, save_model
@@ -87,7 +88,7 @@ class TrainerService:
             group.barrier()  # the store's versions are settled before any rank reads them
             self.publisher = ShardedPublisher.from_config(store, group, cfg.weights)
         else:
-            self.publisher = Publisher.from_config(store, cfg.weights)
+            self.publisher = Publisher.from_config(store, cfg.weights, **served_form(cfg))
         empty = store.latest_version() is None if main else None
         if (group.broadcast_object(empty) if group is not None else empty):
             self.publisher.publish(self.trainer.version, self.trainer.state_dict_for_publish(),
@@ -142,6 +143,16 @@ class TrainerService:
 
     def close(self) -> None:
         self.publisher.close()
+
+
+def served_form(cfg: FlywheelConfig) -> dict[str, Any]:
+    """The publisher's served-form arguments (weights.publish_served): the weights as the run's engines serve them
+    (inference.weight_dtype), or none when the engines serve the trainer's weights as they are."""
+    fmt = cfg.inference.weight_dtype
+    if not cfg.weights.publish_served or fmt == "bf16":
+        return {}
+    return {"served_format": fmt, "to_served": lambda name, t: (served_tensors(name, t, fmt),
+                                                                  quantize_weight(name, t, fmt))}
 
 
 def _restarted_actor() -> bool:

@@ -18,6 +18,11 @@ requests, checks every chunk against its content hash (re-fetching a bad one `ma
 decodes into new arrays, checks every tensor's sha256 against the manifest, and only then hands
 the tensors to `engine.update_weights`. Any failure on the delta path falls back to the anchor path;
 if that fails too the subscriber keeps serving its last good version and reports the error.
+
+The served form (`served_format`, `to_served`; weights.publish_served): the publisher stores what a low-precision
+engine takes instead of the trainer's tensor (a quantized weight's codes and scales), with the sha256 of the values
+that engine will then serve; the subscriber installs it with `update_weights(..., served_format=)` and checks
+`engine.served_weights` against those hashes, as it checks a LoRA adapter's (IntegrityError on a mismatch).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from flywheel.weights.relay import HttpStore
 from flywheel.weights.store import MANIFEST_FORMAT, StoreError, WeightStore, chunk_id
 from flywheel.weights.tensors import (
     DTYPES,
+    bits_hash,
     decode_tensor,
     dtype_name,
     encode_tensor,
@@ -76,7 +82,12 @@ class Publisher:
     def __init__(self, store: WeightStore | str, anchor_every: int = 10, *, chunk_mb: float = 4.0,
                  zstd_level: int = 3, num_threads: int = 0, keep_versions: int | None = None,
                  dtype: str | None = None, max_pending: int = 2, gc_min_age_s: float = 60.0,
-                 on_metrics: Callable[[dict], None] | None = None):
+                 on_metrics: Callable[[dict], None] | None = None, served_format: str = "",
+                 to_served: Callable[[str, torch.Tensor], tuple[Mapping[str, torch.Tensor], torch.Tensor]] | None = None):
+        if bool(served_format) != (to_served is not None):
+            raise ValueError("served_format and to_served go together: the format's name and the function that "
+                             "gives, for one state-dict tensor, the store tensors an engine in that format takes "
+                             "and the values it then serves")
         if anchor_every < 1:
             raise ValueError(f"anchor_every must be >= 1, got {anchor_every}")
         if max_pending < 1:
@@ -91,6 +102,10 @@ class Publisher:
         self.dtype = dtype
         self.gc_min_age_s = gc_min_age_s
         self.on_metrics = on_metrics
+        # the served form (weights.publish_served): each tensor as a `served_format` engine holds it (a quantized
+        # weight: the format's codes and scales), made on the background thread before hashing, so the delta is
+        # computed on what engines serve and they verify exactly that
+        self.served_format, self.to_served = served_format, to_served
         self.metrics: list[dict] = []
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="weights-publish")
         self._pool = ThreadPoolExecutor(_threads(num_threads), thread_name_prefix="weights-encode")
@@ -142,6 +157,16 @@ class Publisher:
 
     def _publish(self, version: int, snap: dict, snapshot_ms: float, adapter: dict | None = None) -> dict:
         t0 = time.perf_counter()
+        served_hashes: dict[str, str] = {}
+        if self.to_served is not None and adapter is None:
+            served: dict = {}
+            with torch.no_grad():
+                for name, (bits, dt, shape) in snap.items():
+                    stored, values = self.to_served(name, from_bits(bits, dt, shape))
+                    for key, t in stored.items():
+                        served[key] = (to_bits(t.contiguous()), dtype_name(t.dtype), tuple(t.shape))
+                    served_hashes[name] = bits_hash(to_bits(values))
+            snap = served
         prev = self._prev or {}
         compatible = self._prev is not None and set(prev) == set(snap) and all(
             prev[k][1:] == snap[k][1:] for k in snap)
@@ -170,12 +195,14 @@ class Publisher:
         encode_ms = (time.perf_counter() - t0) * 1e3
         t1 = time.perf_counter()
         list(self._io.map(self.store.put_chunk, blobs))
-        manifest = {"format": MANIFEST_FORMAT, "version": version, "anchor": anchor,
-                    "base": self._prev_version if compatible else None, "created_s": time.time(),
-                    "raw_bytes": raw_bytes, "full_bytes": full_bytes, "delta_bytes": delta_bytes,
-                    "tensors": tensors}
+        manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "version": version, "anchor": anchor,
+                                    "base": self._prev_version if compatible else None, "created_s": time.time(),
+                                    "raw_bytes": raw_bytes, "full_bytes": full_bytes, "delta_bytes": delta_bytes,
+                                    "tensors": tensors}
         if adapter is not None:
             manifest["adapter"] = adapter
+        elif self.served_format:  # and the sha256 of the values an engine then serves, per state-dict name
+            manifest["served_format"], manifest["served"] = self.served_format, served_hashes
         self.store.write_manifest(manifest)
         write_ms = (time.perf_counter() - t1) * 1e3
         self._prev, self._prev_version = snap, version
@@ -383,6 +410,8 @@ class Subscriber:
                     try:
                         if adapter is not None:
                             pause_ms = self._install_adapter(v, tensors, final)
+                        elif final.get("served_format"):
+                            pause_ms = self._install_served(v, tensors, final)
                         else:
                             pause_ms = float(self.engine.update_weights(v, tensors) or 0.0)
                     except ValueError as err:
@@ -422,6 +451,27 @@ class Subscriber:
         if bad:
             raise IntegrityError(f"version {v}: the engine's adapter differs from the trainer's in {len(bad)} tensors "
                                  f"({bad[:3]}): it did not take the update")
+        return pause_ms
+
+    def _install_served(self, v: int, tensors: dict[str, torch.Tensor], manifest: dict) -> float:
+        """Hand a version published in its served form (`served_format`: a quantized weight as the format's codes
+        and scales) to the engine, which turns them into the values it serves without quantizing again, then
+        check every served value against the sha256 the trainer computed of it (`manifest["served"]`): an engine
+        that did not take the update, or rounded or quantized it again, raises IntegrityError. Returns the pause
+        in ms."""
+        fmt, expected = manifest["served_format"], manifest.get("served") or {}
+        served = getattr(self.engine, "served_weights", None)
+        if getattr(self.engine, "weight_dtype", None) != fmt or served is None:
+            have = getattr(self.engine, "weight_dtype", "none: it does not fake-quantize")
+            raise ValueError(f"version {v} is published as a {fmt} engine serves it; {type(self.engine).__name__} "
+                             f"serves {have}: set inference.weight_dtype = '{fmt}' on every engine of this store, "
+                             "or weights.publish_served = false on the trainer")
+        pause_ms = float(self.engine.update_weights(v, tensors, served_format=fmt) or 0.0)
+        held = served(list(expected))
+        bad = [n for n, h in expected.items() if n not in held or bits_hash(to_bits(held[n].cpu())) != h]
+        if bad:
+            raise IntegrityError(f"version {v}: the engine serves other values than the {fmt} weights published in "
+                                 f"{len(bad)} tensors ({bad[:3]}): it changed them on installing")
         return pause_ms
 
     def _loop(self) -> None:
