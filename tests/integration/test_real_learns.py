@@ -6,13 +6,14 @@ publishes new versions that the engine serves, and the last one is evaluated on 
 What is asserted: both rises, pretrained → mid-trained and mid-trained → RL, each by more than twice its paired
 SE over the held-out tasks. Shortened from the recipe so that it fits CI on two cores: easy tasks only (the
 medium ones are never solved at this size and only cost sampling, docs/training.md), 40 held-out tasks with 2
-samples each, no HumanEval, 4 RL steps, and the engine in bf16 (`inference.dtype`; the trainer's weights stay
-float32). Everything else is the recipe's: its learning rate, group size, batch and asynchronous orchestration.
+samples each, no HumanEval, 4 RL steps, and the engine in bf16 where the CPU has bf16 matmul units
+(`inference.dtype`; the trainer's weights stay float32). Everything else is the recipe's: its learning rate,
+group size, batch and asynchronous orchestration.
 
 `make test-long` (CI). It is ordered after the tests on the demo's base (tests/integration/conftest.py), so it
-does not share the cores with that base's background build. ~15 minutes alone on the 2-core Intel Xeon
-(docs/testing.md). The start of the recipe on this model (import, tokenizer, a mid-training step, an evaluation)
-is also in `make test` (tests/unit/test_real_recipe.py).
+does not share the cores with that base's background build. 1,111 s alone on the 2-core Intel Xeon, where it
+measured 0.00 → 0.375 → 0.66 (docs/testing.md). The start of the recipe on this model (import, tokenizer, a
+mid-training step, an evaluation) is also in `make test` (tests/unit/test_real_recipe.py).
 """
 
 import json
@@ -20,15 +21,19 @@ import json
 import pytest
 
 from flywheel.config import load_config
+from flywheel.config.machine import bf16_matmul_available
 from flywheel.metrics.dashboard.transcript import TokenDecoder, transcript_text, transcript_view
 from flywheel.pipeline.job import run_job
 from flywheel.types import Trajectory
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.after_demo_base, pytest.mark.timeout(2400)]
 
+# the bf16 engine only where bf16 matmuls are fast (on a CPU without bf16 units they run a generic gemm several
+# times slower than float32: config/machine.py), as trainer.dtype = "auto" decides for the trainer
+ENGINE_DTYPE = "bfloat16" if bf16_matmul_available() else "model"
 SHORTENED = ["--synth.num_train", "400", "--synth.num_heldout", "40", "--synth.difficulties", '["easy"]',
              "--eval.num_tasks", "40", "--eval.humaneval", "0", "--trainer.num_steps", "4",
-             "--trainer.checkpoint_every", "0", "--inference.dtype", "bfloat16"]
+             "--trainer.checkpoint_every", "0", "--inference.dtype", ENGINE_DTYPE]
 
 
 def test_shortened_real_recipe_rises_from_midtraining_and_from_rl(tmp_path):

@@ -244,10 +244,10 @@ class WeightsConfig(Section):
     relay_bandwidth_mbps: float = Field(0.0, ge=0, description="relay egress cap in MB/s; 0 = unlimited")
     relay_streams: int = Field(8, ge=1, le=1024, description="parallel chunk fetches per subscriber")
     publish_served: bool = Field(False, description="with inference.weight_dtype other than bf16: the store publishes "
-                                 "the decoder matrices as the engines serve them (fake-quantized in that format), so "
-                                 "the delta is computed on the served form and every engine installs those values "
-                                 "as published and checks them bit for bit; false = the trainer's weights, which "
-                                 "each engine quantizes itself (docs/numerics.md, \"The served form in the store\")")
+                                 "the decoder matrices as the engines serve them (that format's codes and scales), "
+                                 "so the delta is computed on the codes and every engine serves exactly the values "
+                                 "the trainer hashed, checked bit for bit at each swap; false = the trainer's "
+                                 "weights, which each engine quantizes itself (docs/numerics.md, \"Low precision\")")
 
 
 class RayConfig(Section):
