@@ -8,7 +8,7 @@ import torch
 
 from flywheel.config import ConfigError, ModelConfig, validate
 from flywheel.inference.local import LocalEngine
-from flywheel.modeling.quant import SCALES, fake_quant, is_quantized_weight, quantize_weight
+from flywheel.modeling.quant import SCALES, fake_quant, from_served_tensors, is_quantized_weight, quantize_weight, served_tensors
 from flywheel.orchestrator.trainer_service import served_form
 from flywheel.policy.model import build_model
 from flywheel.weights.store import WeightStore
@@ -100,3 +100,15 @@ def test_without_a_low_precision_engine_the_served_form_is_the_weights_and_bad_c
         with pytest.raises(ConfigError, match="weights.publish_served = false") as err:
             validate(data)
         assert where in str(err.value)
+
+
+def test_a_served_form_update_that_does_not_fit_names_the_tensor(tiny):
+    like = tiny.state_dict()
+    good = served_tensors(Q, like[Q], "fp8_e4m3")
+    assert torch.equal(from_served_tensors(good, "fp8_e4m3", like)[Q], quantize_weight(Q, like[Q], "fp8_e4m3"))
+    with pytest.raises(ValueError, match=f"came without its scales '{Q}#scales'"):
+        from_served_tensors({Q: good[Q]}, "fp8_e4m3", like)
+    with pytest.raises(ValueError, match="without the codes"):
+        from_served_tensors({Q + SCALES: good[Q + SCALES]}, "fp8_e4m3", like)
+    with pytest.raises(ValueError, match=f"codes of '{Q}'.*do not fit its shape"):
+        from_served_tensors({Q: good[Q][:-8], Q + SCALES: good[Q + SCALES]}, "fp8_e4m3", like)

@@ -175,6 +175,7 @@ def storage_codes(x: torch.Tensor, fmt: str) -> tuple[np.ndarray, np.ndarray | N
 
 
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+SCALES = "#scales"  # the suffix of a served-form weight's scales in a store (no state-dict name has a '#')
 
 
 def _e2m1_values(packed: torch.Tensor, count: int) -> torch.Tensor:
@@ -229,9 +230,6 @@ def served_tensors(name: str, t: torch.Tensor, fmt: str) -> dict[str, torch.Tens
             name + SCALES: torch.from_numpy(np.ascontiguousarray(scales))}
 
 
-SCALES = "#scales"  # the suffix of a served-form weight's scales in a store (no state-dict name has a '#')
-
-
 def from_served_tensors(tensors: Mapping[str, torch.Tensor], fmt: str, like: Mapping[str, torch.Tensor]
                         ) -> dict[str, torch.Tensor]:
     """The served-form tensors of a store version (`served_tensors`' output for some state-dict names) back as
@@ -260,6 +258,7 @@ def from_served_tensors(tensors: Mapping[str, torch.Tensor], fmt: str, like: Map
         else:
             out[key] = t
     return out
+
 
 # name -> fake quantizer; "bf16" = as given (the dtype the model was loaded in; nothing rounded)
 FORMATS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
