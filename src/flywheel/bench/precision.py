@@ -32,6 +32,7 @@ nibbles, each with its scales (`scale_bytes`: the scales' share of the delta).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import random
 import tempfile
@@ -51,7 +52,7 @@ from flywheel.bench.mismatch import (
 )
 from flywheel.config import ModelConfig
 from flywheel.modeling.lm_head import use_fp32_lm_head
-from flywheel.modeling.quant import SCALES, is_quantized_weight, quantize_weight, served_tensors
+from flywheel.modeling.quant import SCALES, is_quantized_weight, served_tensors_and_values
 from flywheel.policy.model import build_model, load_model
 from flywheel.policy.tokenizer import load_tokenizer
 from flywheel.trainer.losses import correction_weights
@@ -115,13 +116,11 @@ def delta_bytes(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
     (weights.publish_served: the decoder matrices as the format's codes and scales; bf16: their bf16 bits),
     through the real Publisher (module docstring)."""
     names = [n for n, t in before.items() if is_quantized_weight(n, t)]
-    def to_served(n: str, t: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        return served_tensors(n, t, fmt), quantize_weight(n, t, fmt)
-
     bf16 = fmt == "bf16"
     with tempfile.TemporaryDirectory() as root:
         with Publisher(root, anchor_every=1000, num_threads=1, dtype="bfloat16" if bf16 else None,
-                       served_format="" if bf16 else fmt, to_served=None if bf16 else to_served) as pub:
+                       served_format="" if bf16 else fmt,
+                       to_served=None if bf16 else functools.partial(served_tensors_and_values, fmt=fmt)) as pub:
             pub.publish(0, {n: before[n] for n in names}).result()
             m = pub.publish(1, {n: after[n] for n in names}).result()
             old, new = (pub.store.read_manifest(v)["tensors"] for v in (0, 1))

@@ -449,15 +449,16 @@ class FlywheelConfig(Section):
                              "numerics.batch_invariant promises the trainer's log-probs bit for bit: set "
                              "inference.dtype = 'model' (or turn batch_invariant off)")
         if self.weights.publish_served and self.inference.weight_dtype != "bf16":
-            where = ("inference.type = 'vllm' (vLLM engines do not fake-quantize)" if self.inference.type == "vllm"
-                     else f"trainer.world_size = {self.trainer.world_size} (each rank publishes a slice; a "
-                     "per-tensor scale needs the whole tensor)" if self.trainer.world_size > 1
-                     else "inference.dtype = 'bfloat16' with a float32 model (the engine would round the served "
-                     "values again)" if self.inference.dtype == "bfloat16" and self.model.dtype != "bfloat16"
-                     else "")
-            if where:
+            cannot = [where for refused, where in [
+                (self.inference.type == "vllm", "inference.type = 'vllm' (vLLM engines do not fake-quantize)"),
+                (self.trainer.world_size > 1, f"trainer.world_size = {self.trainer.world_size} (each rank publishes "
+                                              "a slice; a per-tensor scale needs the whole tensor)"),
+                (self.inference.dtype == "bfloat16" and self.model.dtype != "bfloat16",
+                 "inference.dtype = 'bfloat16' with a float32 model (the engine would round the served values "
+                 "again)")] if refused]
+            if cannot:
                 raise ValueError(f"weights.publish_served publishes the weights as a local engine of the trainer's "
-                                 f"dtype serves them, which {where} cannot take: set weights.publish_served = false")
+                                 f"dtype serves them, which {cannot[0]} cannot take: set weights.publish_served = false")
         return self
 
 

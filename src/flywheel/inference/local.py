@@ -252,7 +252,8 @@ class LocalEngine:
         if served_format is not None:
             if served_format != self.weight_dtype:
                 raise ValueError(f"weight update in the served form of {served_format}; this engine serves "
-                                 f"{self.weight_dtype}: set inference.weight_dtype = '{served_format}'")
+                                 f"{self.weight_dtype}: set inference.weight_dtype = '{served_format}' on every "
+                                 "engine of this store, or weights.publish_served = false on the trainer")
             tensors = from_served_tensors(tensors, served_format, self._params)
         prepared = []
         for name, t in tensors.items():

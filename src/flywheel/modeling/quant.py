@@ -230,6 +230,14 @@ def served_tensors(name: str, t: torch.Tensor, fmt: str) -> dict[str, torch.Tens
             name + SCALES: torch.from_numpy(np.ascontiguousarray(scales))}
 
 
+def served_tensors_and_values(name: str, t: torch.Tensor, fmt: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(what a store publishes for `name` in the served form of `fmt`, the values an engine then serves): the
+    second is dequantized from the first by `from_served_tensors`, the function the engine installs them with, so a
+    hash of it is a hash of what the engine computes with (weights/sync.py Publisher's `to_served`)."""
+    stored = served_tensors(name, t, fmt)
+    return stored, from_served_tensors(stored, fmt, {name: t})[name]
+
+
 def from_served_tensors(tensors: Mapping[str, torch.Tensor], fmt: str, like: Mapping[str, torch.Tensor]
                         ) -> dict[str, torch.Tensor]:
     """The served-form tensors of a store version (`served_tensors`' output for some state-dict names) back as

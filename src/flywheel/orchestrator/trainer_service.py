@@ -22,6 +22,7 @@ weights on rank 0 once, for the final export.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import sys
 import time
@@ -34,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from flywheel.config import FlywheelConfig
 from flywheel.metrics.dashboard.trainer_logprobs import TrainerLogprobsWriter, sample_indices
 from flywheel.modeling.lm_head import use_fp32_lm_head
-from flywheel.modeling.quant import quantize_weight, served_tensors
+from flywheel.modeling.quant import served_tensors_and_values
 from flywheel.orchestrator.forwarding import ForwardingTrainer
 from flywheel.orchestrator.ray import as_actor, init_ray
 from flywheel.policy.model import load_model, save_model
@@ -151,8 +152,7 @@ def served_form(cfg: FlywheelConfig) -> dict[str, Any]:
     fmt = cfg.inference.weight_dtype
     if not cfg.weights.publish_served or fmt == "bf16":
         return {}
-    return {"served_format": fmt, "to_served": lambda name, t: (served_tensors(name, t, fmt),
-                                                                  quantize_weight(name, t, fmt))}
+    return {"served_format": fmt, "to_served": functools.partial(served_tensors_and_values, fmt=fmt)}
 
 
 def _restarted_actor() -> bool:

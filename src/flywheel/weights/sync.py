@@ -461,11 +461,11 @@ class Subscriber:
         in ms."""
         fmt, expected = manifest["served_format"], manifest.get("served") or {}
         served = getattr(self.engine, "served_weights", None)
-        if getattr(self.engine, "weight_dtype", None) != fmt or served is None:
-            have = getattr(self.engine, "weight_dtype", "none: it does not fake-quantize")
-            raise ValueError(f"version {v} is published as a {fmt} engine serves it; {type(self.engine).__name__} "
-                             f"serves {have}: set inference.weight_dtype = '{fmt}' on every engine of this store, "
-                             "or weights.publish_served = false on the trainer")
+        if served is None:
+            raise ValueError(f"version {v} is published as a {fmt} engine serves it, and {type(self.engine).__name__} "
+                             "does not fake-quantize: use the local engine with inference.weight_dtype = "
+                             f"'{fmt}', or weights.publish_served = false on the trainer")
+        # an engine of another weight_dtype refuses it, naming the key
         pause_ms = float(self.engine.update_weights(v, tensors, served_format=fmt) or 0.0)
         held = served(list(expected))
         bad = [n for n, h in expected.items() if n not in held or bits_hash(to_bits(held[n].cpu())) != h]
