@@ -15,7 +15,8 @@ source distributions of small pure-Python projects from the package index (PROJE
 * grading: every kept task verified through envs/reward.py (restored tests, a fresh bwrap sandbox with the task's
   venv bound at /env, the guard): reference fix -> 1, bugged tree -> 0. `grade_s_p50_repo` is the median seconds of
   grading a reference fix (copy, restore, sandbox, pytest with the repository's env, parse), `verified_rate` the
-  share that graded right.
+  share that graded right; before it, computed expectations become literals (envs/expected.py; the result's
+  `materialised` line), and `verdicts` counts the verified tasks by the path that graded their fix (envs/verify.py).
 
 Sandbox and remote figures (`sandbox_p50_ms_repo_env`, `sandbox_p50_ms_plain`, `remote_step_overhead_ms`) come from
 the functions `sandbox_figures` and `remote_figures` below. The mined task file is written beside the result
@@ -33,7 +34,8 @@ from typing import Any
 
 from flywheel.bench import envs_remote
 from flywheel.config import EnvConfig
-from flywheel.envs.verify import verify_tasks
+from flywheel.envs.expected import materialise_tasks
+from flywheel.envs.verify import VERDICTS, verify_tasks
 from flywheel.tasks.loaders import save_tasks
 from flywheel.tasks.mine import mine_project
 from flywheel.tasks.repoenv import build_env, env_key
@@ -102,6 +104,9 @@ def run(args: Any) -> dict:
         requests += 1
         hits += b.status == "cached"
     t1 = time.perf_counter()
+    tasks, result["materialised"] = materialise_tasks(tasks, envs_dir)  # computed expectations as literals: twins
+    result["materialise_s"] = round(time.perf_counter() - t1, 1)
+    t1 = time.perf_counter()
     results = verify_tasks(tasks, cfg)
     verify_s = time.perf_counter() - t1
     ok = {r.task_id for r in results if r.ok}
@@ -127,6 +132,7 @@ def run(args: Any) -> dict:
         "mined_projects": sum(1 for p in result["projects"].values() if p["verified"]),
         "verified_rate": round(len(kept) / len(tasks), 4) if tasks else None,
         "grade_s_p50_repo": _p50([r.grade_s for r in results if r.ok]),
+        "verdicts": {k: sum(1 for r in results if r.ok and r.verdict == k) for k in VERDICTS},
         "distinct_envs": len({env_key(t.python_env) for t in kept if t.python_env is not None}),
     }
     summary.update(sandbox_figures(kept, cfg))

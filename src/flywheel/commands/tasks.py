@@ -191,6 +191,11 @@ def _mine(args: argparse.Namespace) -> int:
     if interrupted:
         print(f"interrupted: writing the {len(tasks)} tasks mined so far"
               + (" (verified first; interrupt again to keep only those verified by then)" if args.verify else ""))
+    if limits.materialise_expected and tasks and not interrupted:  # computed expectations as literals: twins
+        from flywheel.envs.expected import materialise_tasks
+
+        tasks, line = materialise_tasks(tasks, cfg.python_envs_dir, limits)
+        print(line)
     dropped = 0
     if args.verify:
         import tempfile

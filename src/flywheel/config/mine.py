@@ -30,6 +30,9 @@ class MineConfig(Section):
                                       "source distribution may take")
     git_timeout_s: float = Field(120.0, gt=0, le=86_400, description="seconds one git command on a task repository "
                                  "may take")
+    materialise_expected: bool = Field(True, description="write a FAIL_TO_PASS test's computed expected value as the "
+                                       "literal the reference tree gives it, in a graded copy of its file, so that "
+                                       "the test has a twin at grading (envs/expected.py, docs/integrity.md)")
 
     @model_validator(mode="after")
     def _bounds(self) -> MineConfig:

@@ -64,12 +64,12 @@ class MineReport:
     mine_s: float = 0.0
 
 
-def run_suite(root: Path, python_env: Path, test_command: str, timeout_s: float, memory_mb: int | None = None
-              ) -> tuple[dict[str, str], str, bool]:
+def run_suite(root: Path, python_env: Path, test_command: str, timeout_s: float, memory_mb: int | None = None,
+              extra_env: dict[str, str] | None = None) -> tuple[dict[str, str], str, bool]:
     """(test id -> status, output, timed out) of the project's suite in `root` with the environment's Python.
     The run and everything it starts are killed past `timeout_s` and limited to `memory_mb` of address space."""
     env = {**os.environ, **RUN_ENV, "PATH": f"{python_env}/bin:{os.environ.get('PATH', '')}",
-           "VIRTUAL_ENV": str(python_env)}
+           "VIRTUAL_ENV": str(python_env), **(extra_env or {})}
     env.pop("PYTHONPATH", None)
     r = run_bounded(f"{test_command} -p no:cacheprovider", cwd=root, env=env, timeout_s=timeout_s,
                     memory_mb=memory_mb)

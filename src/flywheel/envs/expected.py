@@ -1,0 +1,359 @@
+"""Computed expectations written as literals, so that a mined test that computes its expected value has a twin.
+
+    sides = computed_sides(source, ("TestWindowed",), "test_basic")     # the equalities to record, first ones first
+    probe = instrument(source, [s for pair in sides for s in pair])     # the file, each side's value logged when run
+    graded = materialise(source, {side: "[3, 4, 5]"})                   # the file the grader writes over the tests
+    task, outcome = materialise_task(task, cfg, scratch, limits)        # flywheel tasks mine does this per task
+
+Why: the suite verdict (envs/suite.py) proves a report honest by a twin run, in which one expected literal of a
+FAIL_TO_PASS test is changed (envs/twins.py). A test whose expected value is computed (`assert list(windowed(s, 3))
+== s[3:-3]`, `assertEqual(split(x), "a b".split())`) has no literal to change, so its status was the report's
+alone. Mining knows the right answer for it: the reference tree. So the test's first failing equality is run on the
+reference tree and on the bugged one with each side's value logged, and the side whose value does not depend on the
+bug (equal on both trees, and across two hash seeds) is written as the literal of that value in a graded copy of the
+test file, kept in the task's `hidden_files` (written over the workspace at grading only, envs/reward.py). The
+agent works on the file as the project wrote it; every grading run reads the graded copy, and its twin changes that
+literal like any other.
+
+Which side qualifies, so that the graded test checks what the original checks:
+* an equality of `compared` (envs/twins.py: `assert a == b`, `assertEqual(a, b)`) at the top level of the test
+  body, before anything that can leave it, whose two sides are both computed (no literal side: that has a twin);
+* on the bugged tree both sides are evaluated and differ (this is the comparison the bug fails), and one of them
+  has the reference value there: that side is the expected one (the other calls the code the bug is in), and the
+  graded test still calls the other;
+* each side is evaluated exactly once per run (not in a loop, a parametrized test, a helper called twice);
+* its value is written exactly by `repr` (`ast.literal_eval(repr(v))` equals `v` with the same types all the way
+  down: numbers, strings, bytes, booleans, None inside containers, lists, tuples, dicts, sets), at most
+  `MAX_LITERAL` characters, and is a literal a twin can change (not `None` alone);
+* the graded file still passes those tests on the reference tree (checked by running it).
+
+A test where none qualifies keeps its computed expectation and no twin (`components["untwinned"]` at grading).
+What this changes for an honest fix: nothing when the expected side depends only on the test's own data, which
+is what "equal on the reference and the bugged tree" shows for the code the bug is in; a fix that also changes
+other code the expected side calls, so that both sides move together, passes the original and fails the graded copy.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from flywheel.config.mine import MineConfig
+from flywheel.envs import param_twins, twins
+from flywheel.tasks.loaders import node_parts, task_base_dir, write_files
+from flywheel.tasks.mine.mine import run_suite
+from flywheel.tasks.repoenv import ready_env
+from flywheel.types import Task
+
+MAX_LITERAL = 2000  # characters of a materialised value; a longer one stays computed
+RECORDER = "__flywheel_expect__"  # the logging function the probe defines (dunder names are never mangled in classes)
+LOG_ENV = "FLYWHEEL_EXPECT_LOG"
+
+_RECORDER_SOURCE = f'''
+def {RECORDER}(key, value):  # flywheel mining probe: logs one side of an equality, returns it unchanged
+    import ast, json, os
+
+    def same(a, b):
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict):
+            return list(a) == list(b) and all(same(x, y) and same(a[x], b[y]) for x, y in zip(a, b))
+        if isinstance(a, (set, frozenset)):
+            return a == b and all(type(x) in (int, str, bytes, bool, tuple) for x in a)
+        return type(a) in (int, float, complex, str, bytes, bool, type(None)) and a == b
+
+    text = repr(value)
+    try:
+        ok = len(text) <= {MAX_LITERAL} and same(ast.literal_eval(text), value)
+    except Exception:
+        ok = False
+    with open(os.environ["{LOG_ENV}"], "a", encoding="utf-8") as log:
+        log.write(json.dumps([key, text if ok else None]) + "\\n")
+    return value
+
+'''
+
+
+@dataclass(frozen=True)
+class Side:
+    start: int  # byte offsets of the expression in the UTF-8 source
+    end: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.start}:{self.end}"
+
+
+@dataclass
+class Outcome:
+    """What materialising did for one task: tests given a literal, tests that had a twin already, the rest."""
+
+    materialised: list[str] = field(default_factory=list)
+    twinned_before: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def _span(node: ast.expr, starts: list[int]) -> Side | None:
+    if node.end_lineno is None or node.end_col_offset is None:
+        return None
+    return Side(starts[node.lineno] + node.col_offset, starts[node.end_lineno] + node.end_col_offset)
+
+
+def computed_sides(source: str, classes: tuple[str, ...], name: str) -> list[tuple[Side, Side]]:
+    """The (left, right) sides of each equality of the test that could be materialised (module doc), in order."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return []
+    func = twins.function_def(tree, classes, name.split("[", 1)[0])
+    if func is None:
+        return []
+    starts = twins.line_offsets(source.encode("utf-8", errors="surrogatepass"))
+    out = []
+    for stmt in twins._flat(func.body):
+        pair = twins.compared(stmt)
+        if pair and not any(twins._is_literal(side) for side in pair):
+            spans = [_span(side, starts) for side in pair]
+            if spans[0] is not None and spans[1] is not None:
+                out.append((spans[0], spans[1]))
+        if twins.may_leave(stmt):
+            break
+    return out
+
+
+def _replace(source: str, texts: dict[Side, str]) -> str:
+    raw = source.encode("utf-8", errors="surrogatepass")
+    for side in sorted(texts, key=lambda s: s.start, reverse=True):
+        raw = raw[:side.start] + texts[side].encode("utf-8", errors="surrogatepass") + raw[side.end:]
+    return raw.decode("utf-8", errors="surrogatepass")
+
+
+def _header_end(source: str) -> int:
+    """Byte offset after the module docstring and `from __future__` imports: where the probe's function goes."""
+    tree = ast.parse(source)
+    starts = twins.line_offsets(source.encode("utf-8", errors="surrogatepass"))
+    end_line = 0
+    for i, stmt in enumerate(tree.body):
+        doc = i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+            and isinstance(stmt.value.value, str)
+        if doc or (isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"):
+            end_line = stmt.end_lineno or stmt.lineno
+        else:
+            break
+    return starts[end_line + 1] if end_line + 1 < len(starts) else len(source.encode("utf-8", "surrogatepass"))
+
+
+def instrument(source: str, sides: Iterable[Side]) -> str | None:
+    """`source` with each side wrapped in the probe's logging call (None when the result would not parse)."""
+    probed = _replace(source, {s: f"{RECORDER}({s.key!r}, ({_text(source, s)}))" for s in sides})
+    try:
+        at = _header_end(probed)
+    except SyntaxError:
+        return None
+    raw = probed.encode("utf-8", errors="surrogatepass")
+    head = raw[:at] if raw[:at].endswith(b"\n") or not at else raw[:at] + b"\n"
+    out = (head + _RECORDER_SOURCE.encode() + raw[at:]).decode("utf-8", errors="surrogatepass")
+    try:
+        ast.parse(out)
+    except SyntaxError:
+        return None
+    return out
+
+
+def _text(source: str, side: Side) -> str:
+    return source.encode("utf-8", errors="surrogatepass")[side.start:side.end].decode("utf-8", errors="surrogatepass")
+
+
+def materialise(source: str, literals: dict[Side, str]) -> str:
+    """`source` with each side replaced by its literal."""
+    return _replace(source, literals)
+
+
+def read_log(path: Path) -> dict[str, list[str | None]]:
+    """key -> the texts logged for it, in order (a side evaluated twice has two)."""
+    out: dict[str, list[str | None]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            key, text = json.loads(line)
+            out.setdefault(key, []).append(text)
+    return out
+
+
+def _once(log: dict[str, list[str | None]], side: Side) -> Any:
+    """The value logged for `side` when it was logged exactly once and written exactly, else a sentinel."""
+    texts = log.get(side.key, [])
+    if len(texts) != 1 or texts[0] is None:
+        return _MISSING
+    return ast.literal_eval(texts[0])
+
+
+_MISSING = object()
+
+
+def choose(pairs: list[tuple[Side, Side]], reference: list[dict[str, list[str | None]]],
+           bugged: dict[str, list[str | None]]) -> tuple[Side, str] | None:
+    """The first equality's expected side and its literal, by the rules of the module doc; None if none qualifies."""
+    for pair in pairs:
+        for i in (1, 0):  # the right side first: `assert actual == expected` is the common order
+            side, other = pair[i], pair[1 - i]
+            ref = [_once(log, side) for log in reference]
+            if any(v is _MISSING for v in ref) or any(not _same(v, ref[0]) for v in ref[1:]):
+                continue
+            got, got_other = _once(bugged, side), _once(bugged, other)
+            other_seen = len(bugged.get(other.key, [])) == 1  # evaluated (its value may not be a literal)
+            if got is _MISSING or not _same(got, ref[0]) or not other_seen \
+                    or (got_other is not _MISSING and _same(got_other, ref[0])):
+                continue
+            text = reference[0][side.key][0]
+            assert text is not None
+            if text == "None":
+                continue
+            return side, text
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(x, y) and _same(a[x], b[y]) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _has_twin(source: str, classes: tuple[str, ...], name: str) -> bool:
+    if twins.literals(source, classes, name):
+        return True
+    return param_twins.param_twin(source, classes, name, random.Random(0)) is not None
+
+
+def materialise_task(task: Task, envs_dir: str | Path | None, scratch: Path, limits: MineConfig | None = None,
+                     ) -> tuple[Task, Outcome]:
+    """`task` with graded copies of the test files whose untwinned FAIL_TO_PASS tests got a literal (module doc), in
+    `hidden_files`; the task unchanged when none did. Runs the tests under `scratch` with the task's own Python."""
+    cfg = limits if limits is not None else MineConfig()
+    outcome = Outcome()
+    if task.python_env is None or not task.solution or not task.repo:
+        outcome.error = "not a mined task (no python_env, solution or repository)"
+        return task, outcome
+    try:
+        env_path = ready_env(task.python_env, envs_dir)
+        base = task_base_dir(task, scratch / "cache")
+    except ValueError as err:
+        outcome.error = str(err)
+        return task, outcome
+    sources: dict[str, str] = {}
+    sides: dict[str, list[tuple[Side, Side]]] = {}  # untwinned test -> its computed equalities
+    for tid in dict.fromkeys(task.fail_to_pass):
+        path, classes, name = node_parts(tid)
+        if path not in sources:
+            try:
+                sources[path] = (base / path).read_bytes().decode("utf-8")  # as the grader reads it
+            except (OSError, UnicodeDecodeError):
+                sources[path] = ""
+        if sources[path] and _has_twin(sources[path], tuple(classes), name):
+            outcome.twinned_before.append(tid)
+        else:
+            sides[tid] = computed_sides(sources[path], tuple(classes), name)
+    probes = {}
+    for path in dict.fromkeys(node_parts(tid)[0] for tid, pairs in sides.items() if pairs):
+        probe = instrument(sources[path], [s for tid, pairs in sides.items() if node_parts(tid)[0] == path
+                                           for pair in pairs for s in pair])
+        if probe is not None:
+            probes[path] = probe
+    wanted = [tid for tid, pairs in sides.items() if pairs and node_parts(tid)[0] in probes]
+    graded: dict[str, str] = {}
+    if wanted:
+        work = Path(tempfile.mkdtemp(prefix="flywheel-expect-", dir=scratch))
+        try:
+            graded, chosen = _graded_copies(task, base, work, env_path, sources, probes, sides, wanted, cfg)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        outcome.materialised = [tid for tid in wanted if tid in chosen]
+    outcome.left = [tid for tid in sides if tid not in outcome.materialised]
+    if not graded:
+        return task, outcome
+    meta = {**task.meta, "materialised_expectations": len(outcome.materialised)}
+    return replace(task, hidden_files={**task.hidden_files, **graded}, meta=meta), outcome
+
+
+def _graded_copies(task: Task, base: Path, work: Path, env_path: Path, sources: dict[str, str],
+                   probes: dict[str, str], sides: dict[str, list[tuple[Side, Side]]], wanted: list[str],
+                   cfg: MineConfig) -> tuple[dict[str, str], set[str]]:
+    """(path -> graded copy, the tests materialised in them): the probe run on the bugged tree and twice (two hash
+    seeds) on the reference tree, a side chosen per test, and the graded copies run on the reference tree, where
+    their tests must pass (else none is kept)."""
+    tree = work / "tree"
+    shutil.copytree(base, tree, symlinks=True)
+    write_files(tree, probes)
+    bugged = _run(tree, env_path, task, wanted, work / "bugged.log", "0", cfg)
+    assert task.solution is not None
+    write_files(tree, task.solution)
+    reference = [_run(tree, env_path, task, wanted, work / f"ref{seed}.log", seed, cfg) for seed in ("0", "1")]
+    literals: dict[str, dict[Side, str]] = {}
+    chosen: set[str] = set()
+    for tid in wanted:
+        pick = choose(sides[tid], reference, bugged)
+        path, classes, name = node_parts(tid)
+        if pick is not None and pick[0] not in literals.get(path, {}):
+            literals.setdefault(path, {})[pick[0]] = pick[1]
+            chosen.add(tid)
+    graded = {path: materialise(sources[path], lits) for path, lits in literals.items()}
+    chosen = {tid for tid in chosen if _has_twin(graded[node_parts(tid)[0]], tuple(node_parts(tid)[1]),
+                                                 node_parts(tid)[2])}
+    graded = {path: text for path, text in graded.items() if any(node_parts(t)[0] == path for t in chosen)}
+    if not graded:
+        return {}, set()
+    write_files(tree, {**{p: sources[p] for p in probes}, **graded})
+    status, _, timed_out = run_suite(tree, env_path, _selecting(task, sorted(chosen)), cfg.candidate_timeout_max_s,
+                                     cfg.test_memory_mb)
+    if timed_out or any(status.get(tid) != "passed" for tid in chosen):
+        return {}, set()
+    return graded, chosen
+
+
+def materialise_tasks(tasks: list[Task], envs_dir: str | Path | None, limits: MineConfig | None = None,
+                      ) -> tuple[list[Task], str]:
+    """`materialise_task` for each task, and one line saying what it did. An interrupt (Ctrl-C) leaves the tasks not
+    reached yet as they are."""
+    out: list[Task] = []
+    done, before, left, errors = 0, 0, 0, 0
+    with tempfile.TemporaryDirectory(prefix="flywheel-expect-") as scratch:
+        try:
+            for task in tasks:
+                new, outcome = materialise_task(task, envs_dir, Path(scratch), limits)
+                out.append(new)
+                done += len(outcome.materialised)
+                before += len(outcome.twinned_before)
+                left += len(outcome.left)
+                errors += bool(outcome.error)
+        except KeyboardInterrupt:
+            out += tasks[len(out):]
+    line = (f"expectations: {done} of {done + left} FAIL_TO_PASS tests without a twin given the reference tree's "
+            f"value as a literal ({before} had a twin already)" + (f"; {errors} tasks not probed" if errors else ""))
+    return out, line
+
+
+def _selecting(task: Task, ids: list[str]) -> str:
+    return " ".join([task.test_command, *(shlex.quote(t) for t in ids)])
+
+
+def _run(tree: Path, env_path: Path, task: Task, ids: list[str], log: Path, seed: str,
+         cfg: MineConfig) -> dict[str, list[str | None]]:
+    """Run `ids` on `tree` with the probe files in place; what each side logged."""
+    log.unlink(missing_ok=True)
+    run_suite(tree, env_path, _selecting(task, ids), cfg.candidate_timeout_max_s, cfg.test_memory_mb,
+              extra_env={LOG_ENV: str(log), "PYTHONHASHSEED": seed})
+    return read_log(log)
