@@ -1,8 +1,9 @@
 """Computed expectations written as literals, so that a mined test that computes its expected value has a twin.
 
-    sides = computed_sides(source, ("TestWindowed",), "test_basic")     # the equalities to record, first ones first
-    probe = instrument(source, [s for pair in sides for s in pair])     # the file, each side's value logged when run
-    graded = materialise(source, {side: "[3, 4, 5]"})                   # the file the grader writes over the tests
+    eqs = equalities(source, ("TestWindowed",), "test_basic")   # the computed equalities to probe, first ones first
+    probe = probe_values(source, eqs)                           # reference tree: each side's value logged, test as is
+    probe = probe_sides(source, eqs)                            # bugged tree: each side evaluated on its own, logged
+    graded = materialise(source, {side: "[3, 4, 5]"})           # the file the grader writes over the tests
     task, outcome = materialise_task(task, cfg, scratch, limits)        # flywheel tasks mine does this per task
 
 Why: the suite verdict (envs/suite.py) proves a report honest by a twin run, in which one expected literal of a
@@ -17,10 +18,12 @@ literal like any other.
 
 Which side qualifies, so that the graded test checks what the original checks:
 * an equality of `compared` (envs/twins.py: `assert a == b`, `assertEqual(a, b)`) at the top level of the test
-  body, before anything that can leave it, whose two sides are both computed (no literal side: that has a twin);
-* on the bugged tree both sides are evaluated and differ (this is the comparison the bug fails), and one of them
-  has the reference value there: that side is the expected one (the other calls the code the bug is in), and the
-  graded test still calls the other;
+  body, before anything that can leave it, whose two sides are both computed (no literal side: that has a twin), in
+  a test that is not one row of a parametrized function (one place in the file cannot hold every row's value);
+* on the bugged tree, where the probe evaluates each side on its own and in order (a side that raises is logged as
+  such, nothing is asserted, so every equality of the test is seen), the other side raises or differs from the
+  reference value (this is a comparison the bug fails), while this side has the reference value: it is the
+  expected one (the other calls the code the bug is in), and the graded test still calls the other;
 * each side is evaluated exactly once per run (not in a loop, a parametrized test, a helper called twice);
 * its value is written exactly by `repr` (`ast.literal_eval(repr(v))` equals `v` with the same types all the way
   down: numbers, strings, bytes, booleans, None inside containers, lists, tuples, dicts, sets), at most
@@ -55,6 +58,7 @@ from flywheel.types import Task
 
 MAX_LITERAL = 2000  # characters of a materialised value; a longer one stays computed
 RECORDER = "__flywheel_expect__"  # the logging function the probe defines (dunder names are never mangled in classes)
+SIDES = "__flywheel_sides__"  # the bugged tree's probe: evaluates each side on its own
 LOG_ENV = "FLYWHEEL_EXPECT_LOG"
 
 _RECORDER_SOURCE = f'''
@@ -81,6 +85,19 @@ def {RECORDER}(key, value):  # flywheel mining probe: logs one side of an equali
         log.write(json.dumps([key, text if ok else None]) + "\\n")
     return value
 
+
+def {SIDES}(*keyed):  # flywheel mining probe: each side of an equality on its own, in order; nothing asserted
+    import json, os
+
+    for key, side in zip(keyed[::2], keyed[1::2]):
+        try:
+            value = side()
+        except Exception:
+            with open(os.environ["{LOG_ENV}"], "a", encoding="utf-8") as log:
+                log.write(json.dumps([key, None]) + "\\n")
+        else:
+            {RECORDER}(key, value)
+
 '''
 
 
@@ -104,19 +121,30 @@ class Outcome:
     error: str = ""
 
 
-def _span(node: ast.expr, starts: list[int]) -> Side | None:
+def _span(node: ast.expr | ast.stmt, starts: list[int]) -> Side | None:
     if node.end_lineno is None or node.end_col_offset is None:
         return None
     return Side(starts[node.lineno] + node.col_offset, starts[node.end_lineno] + node.end_col_offset)
 
 
-def computed_sides(source: str, classes: tuple[str, ...], name: str) -> list[tuple[Side, Side]]:
-    """The (left, right) sides of each equality of the test that could be materialised (module doc), in order."""
+@dataclass(frozen=True)
+class Equality:
+    """One computed equality of a test: the statement and its two sides."""
+
+    stmt: Side
+    left: Side
+    right: Side
+
+
+def equalities(source: str, classes: tuple[str, ...], name: str) -> list[Equality]:
+    """The equalities of the test that could be materialised (module doc), in order; [] for a parametrized row."""
+    if "[" in name:
+        return []
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return []
-    func = twins.function_def(tree, classes, name.split("[", 1)[0])
+    func = twins.function_def(tree, classes, name)
     if func is None:
         return []
     starts = twins.line_offsets(source.encode("utf-8", errors="surrogatepass"))
@@ -124,9 +152,9 @@ def computed_sides(source: str, classes: tuple[str, ...], name: str) -> list[tup
     for stmt in twins._flat(func.body):
         pair = twins.compared(stmt)
         if pair and not any(twins._is_literal(side) for side in pair):
-            spans = [_span(side, starts) for side in pair]
-            if spans[0] is not None and spans[1] is not None:
-                out.append((spans[0], spans[1]))
+            whole, left, right = _span(stmt, starts), _span(pair[0], starts), _span(pair[1], starts)
+            if whole is not None and left is not None and right is not None:
+                out.append(Equality(whole, left, right))
         if twins.may_leave(stmt):
             break
     return out
@@ -154,9 +182,9 @@ def _header_end(source: str) -> int:
     return starts[end_line + 1] if end_line + 1 < len(starts) else len(source.encode("utf-8", "surrogatepass"))
 
 
-def instrument(source: str, sides: Iterable[Side]) -> str | None:
-    """`source` with each side wrapped in the probe's logging call (None when the result would not parse)."""
-    probed = _replace(source, {s: f"{RECORDER}({s.key!r}, ({_text(source, s)}))" for s in sides})
+def _with_recorder(probed: str) -> str | None:
+    """`probed` with the probe's functions defined after its docstring and `from __future__` imports (None when the
+    result would not parse: the file is left without a probe)."""
     try:
         at = _header_end(probed)
     except SyntaxError:
@@ -169,6 +197,22 @@ def instrument(source: str, sides: Iterable[Side]) -> str | None:
     except SyntaxError:
         return None
     return out
+
+
+def probe_values(source: str, eqs: Iterable[Equality]) -> str | None:
+    """The reference tree's probe: each side wrapped in the logging call, the test otherwise as it was."""
+    sides = [side for eq in eqs for side in (eq.left, eq.right)]
+    return _with_recorder(_replace(source, {s: f"{RECORDER}({s.key!r}, ({_text(source, s)}))" for s in sides}))
+
+
+def probe_sides(source: str, eqs: Iterable[Equality]) -> str | None:
+    """The bugged tree's probe: each equality's statement replaced by a call that evaluates its sides in order, each
+    on its own (one that raises is logged as such), and asserts nothing, so that every equality of the test runs."""
+    calls = {}
+    for eq in eqs:
+        args = ", ".join(f"{s.key!r}, lambda: ({_text(source, s)})" for s in (eq.left, eq.right))
+        calls[eq.stmt] = f"{SIDES}({args})"
+    return _with_recorder(_replace(source, calls))
 
 
 def _text(source: str, side: Side) -> str:
@@ -201,17 +245,16 @@ def _once(log: dict[str, list[str | None]], side: Side) -> Any:
 _MISSING = object()
 
 
-def choose(pairs: list[tuple[Side, Side]], reference: list[dict[str, list[str | None]]],
+def choose(eqs: list[Equality], reference: list[dict[str, list[str | None]]],
            bugged: dict[str, list[str | None]]) -> tuple[Side, str] | None:
     """The first equality's expected side and its literal, by the rules of the module doc; None if none qualifies."""
-    for pair in pairs:
-        for i in (1, 0):  # the right side first: `assert actual == expected` is the common order
-            side, other = pair[i], pair[1 - i]
+    for eq in eqs:
+        for side, other in ((eq.right, eq.left), (eq.left, eq.right)):  # `assert actual == expected` is the usual order
             ref = [_once(log, side) for log in reference]
             if any(v is _MISSING for v in ref) or any(not _same(v, ref[0]) for v in ref[1:]):
                 continue
             got, got_other = _once(bugged, side), _once(bugged, other)
-            other_seen = len(bugged.get(other.key, [])) == 1  # evaluated (its value may not be a literal)
+            other_seen = len(bugged.get(other.key, [])) == 1  # evaluated, or raised (logged as None)
             if got is _MISSING or not _same(got, ref[0]) or not other_seen \
                     or (got_other is not _MISSING and _same(got_other, ref[0])):
                 continue
@@ -255,7 +298,7 @@ def materialise_task(task: Task, envs_dir: str | Path | None, scratch: Path, lim
         outcome.error = str(err)
         return task, outcome
     sources: dict[str, str] = {}
-    sides: dict[str, list[tuple[Side, Side]]] = {}  # untwinned test -> its computed equalities
+    eqs: dict[str, list[Equality]] = {}  # untwinned test -> its computed equalities
     for tid in dict.fromkeys(task.fail_to_pass):
         path, classes, name = node_parts(tid)
         if path not in sources:
@@ -266,23 +309,23 @@ def materialise_task(task: Task, envs_dir: str | Path | None, scratch: Path, lim
         if sources[path] and _has_twin(sources[path], tuple(classes), name):
             outcome.twinned_before.append(tid)
         else:
-            sides[tid] = computed_sides(sources[path], tuple(classes), name)
-    probes = {}
-    for path in dict.fromkeys(node_parts(tid)[0] for tid, pairs in sides.items() if pairs):
-        probe = instrument(sources[path], [s for tid, pairs in sides.items() if node_parts(tid)[0] == path
-                                           for pair in pairs for s in pair])
-        if probe is not None:
-            probes[path] = probe
-    wanted = [tid for tid, pairs in sides.items() if pairs and node_parts(tid)[0] in probes]
+            eqs[tid] = equalities(sources[path], tuple(classes), name)
+    probes: dict[str, tuple[str, str]] = {}  # path -> (reference probe, bugged probe)
+    for path in dict.fromkeys(node_parts(tid)[0] for tid, found in eqs.items() if found):
+        mine = [eq for tid, found in eqs.items() if node_parts(tid)[0] == path for eq in found]
+        values, sides = probe_values(sources[path], mine), probe_sides(sources[path], mine)
+        if values is not None and sides is not None:
+            probes[path] = (values, sides)
+    wanted = [tid for tid, found in eqs.items() if found and node_parts(tid)[0] in probes]
     graded: dict[str, str] = {}
     if wanted:
         work = Path(tempfile.mkdtemp(prefix="flywheel-expect-", dir=scratch))
         try:
-            graded, chosen = _graded_copies(task, base, work, env_path, sources, probes, sides, wanted, cfg)
+            graded, chosen = _graded_copies(task, base, work, env_path, sources, probes, eqs, wanted, cfg)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         outcome.materialised = [tid for tid in wanted if tid in chosen]
-    outcome.left = [tid for tid in sides if tid not in outcome.materialised]
+    outcome.left = [tid for tid in eqs if tid not in outcome.materialised]
     if not graded:
         return task, outcome
     meta = {**task.meta, "materialised_expectations": len(outcome.materialised)}
@@ -290,25 +333,24 @@ def materialise_task(task: Task, envs_dir: str | Path | None, scratch: Path, lim
 
 
 def _graded_copies(task: Task, base: Path, work: Path, env_path: Path, sources: dict[str, str],
-                   probes: dict[str, str], sides: dict[str, list[tuple[Side, Side]]], wanted: list[str],
+                   probes: dict[str, tuple[str, str]], eqs: dict[str, list[Equality]], wanted: list[str],
                    cfg: MineConfig) -> tuple[dict[str, str], set[str]]:
-    """(path -> graded copy, the tests materialised in them): the probe run on the bugged tree and twice (two hash
-    seeds) on the reference tree, a side chosen per test, and the graded copies run on the reference tree, where
-    their tests must pass (else none is kept)."""
+    """(path -> graded copy, the tests materialised in them): the sides probe on the bugged tree, the values probe
+    twice (two hash seeds) on the reference tree, a side chosen per test, and the graded copies run on the reference
+    tree, where their tests must pass (else none is kept)."""
     tree = work / "tree"
     shutil.copytree(base, tree, symlinks=True)
-    write_files(tree, probes)
+    write_files(tree, {path: pair[1] for path, pair in probes.items()})
     bugged = _run(tree, env_path, task, wanted, work / "bugged.log", "0", cfg)
     assert task.solution is not None
-    write_files(tree, task.solution)
+    write_files(tree, {**task.solution, **{path: pair[0] for path, pair in probes.items()}})
     reference = [_run(tree, env_path, task, wanted, work / f"ref{seed}.log", seed, cfg) for seed in ("0", "1")]
     literals: dict[str, dict[Side, str]] = {}
     chosen: set[str] = set()
     for tid in wanted:
-        pick = choose(sides[tid], reference, bugged)
-        path, classes, name = node_parts(tid)
-        if pick is not None and pick[0] not in literals.get(path, {}):
-            literals.setdefault(path, {})[pick[0]] = pick[1]
+        pick = choose(eqs[tid], reference, bugged)
+        if pick is not None:
+            literals.setdefault(node_parts(tid)[0], {})[pick[0]] = pick[1]
             chosen.add(tid)
     graded = {path: materialise(sources[path], lits) for path, lits in literals.items()}
     chosen = {tid for tid in chosen if _has_twin(graded[node_parts(tid)[0]], tuple(node_parts(tid)[1]),
