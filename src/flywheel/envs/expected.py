@@ -4,7 +4,8 @@
     probe = probe_values(source, eqs)                           # reference tree: each side's value logged, test as is
     probe = probe_sides(source, eqs)                            # bugged tree: each side evaluated on its own, logged
     graded = materialise(source, {side: "[3, 4, 5]"})           # the file the grader writes over the tests
-    task, outcome = materialise_task(task, cfg, scratch, limits)        # flywheel tasks mine does this per task
+    task, outcome = materialise_task(task, envs_dir, scratch)   # probe runs, choice, graded copy in hidden_files
+    tasks, line = materialise_tasks(tasks, envs_dir)            # what `flywheel tasks mine` runs after mining
 
 Why: the suite verdict (envs/suite.py) proves a report honest by a twin run, in which one expected literal of a
 FAIL_TO_PASS test is changed (envs/twins.py). A test whose expected value is computed (`assert list(windowed(s, 3))
