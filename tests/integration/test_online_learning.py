@@ -106,15 +106,20 @@ def test_honest_feedback_ships_and_a_poisoned_burst_is_rejected(warm_policy_dir,
             if deploys:
                 break
         assert deploys, [e.reason for e in elog.events()]
-        its = asyncio.run(simulate(srv.base_url, mallory, 96, "flywheel", concurrency=4, seed=2))
-        assert all(i.ok and i.feedback_ok for i in its)
-        _caught_up(elog)
+        # A poisoned burst is rejected within two bursts: how far one burst of 96 moves the policy depends on which
+        # events land in which candidate (the server's timing), and a candidate it did not move passes, rightly.
         bad = {k.key_id for k in elog.keys() if k.name.startswith("mallory")}
-        cands = elog.events(("candidate",))
-        poisoned = {c.version for c in cands
-                    if sum(n for k, n in c.data["events_per_key"].items() if k in bad) >= c.data["num_events"] / 2}
-        assert poisoned, [c.data for c in cands]
-        rejected = {e.version: e.reason for e in elog.events(("gate_reject",))}
+        for burst in range(2):
+            its = asyncio.run(simulate(srv.base_url, mallory, 96, "flywheel", concurrency=4, seed=2 + 10 * burst))
+            assert all(i.ok and i.feedback_ok for i in its)
+            _caught_up(elog)
+            cands = elog.events(("candidate",))
+            poisoned = {c.version for c in cands
+                        if sum(n for k, n in c.data["events_per_key"].items() if k in bad) >= c.data["num_events"] / 2}
+            assert poisoned, [c.data for c in cands]
+            rejected = {e.version: e.reason for e in elog.events(("gate_reject",))}
+            if poisoned & set(rejected):
+                break
         assert poisoned & set(rejected), (poisoned, rejected)  # the burst moved the policy; the gate saw it
         assert all("regression" in rejected[v] or "fell" in rejected[v] for v in poisoned & set(rejected))
         # what did ship from the burst (if anything) is no worse on the held-out suite than what served before it
