@@ -8,7 +8,9 @@
 
 `synth` writes verified tasks (the original passes every test, the mutant fails one) as flywheel JSONL;
 `mine` injects bugs into real projects (source distributions from the package index, pinned NAME==VERSION, or
-`--dir NAME=PATH`) and keeps those their own test suites catch (tasks/mine/); `--verify` then grades each kept task
+`--dir NAME=PATH`) and keeps those their own test suites catch (tasks/mine/), then writes the computed expectations
+of their untwinned tests as literals from the reference tree (envs/expected.py, `mine.materialise_expected`) so that
+those tests get twins; `--verify` then grades each kept task
 as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0 (with
 `--require-twins`, also any with a FAIL_TO_PASS test that has no twin), and prints which verdict graded the kept
 tasks (data, suite, suite with some tests left to the guard, in-process; envs/verify.py `verdict_kind`). Every command mining
