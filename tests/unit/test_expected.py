@@ -1,6 +1,6 @@
 """Computed expectations written as literals (envs/expected.py): which sides are probed, what the probe logs, which
 side is chosen, and that the graded copy has a twin (envs/twins.py). The mining end to end (a real project's
-environment, the reference and bugged trees, verification) is in tests/integration/test_repo_envs.py."""
+environment, the reference and bugged trees, verification) is in tests/integration/test_mined_twins.py."""
 
 import os
 import random

@@ -60,11 +60,19 @@ from flywheel.types import Task
 MAX_LITERAL = 2000  # characters of a materialised value; a longer one stays computed
 RECORDER = "__flywheel_expect__"  # the logging function the probe defines (dunder names are never mangled in classes)
 SIDES = "__flywheel_sides__"  # the bugged tree's probe: evaluates each side on its own
+LOG = "__flywheel_log__"  # writes one line of the log both of them fill
 LOG_ENV = "FLYWHEEL_EXPECT_LOG"
 
 _RECORDER_SOURCE = f'''
+def {LOG}(key, text):  # flywheel mining probe: one logged side (None: raised, or not written exactly by repr)
+    import json, os
+
+    with open(os.environ["{LOG_ENV}"], "a", encoding="utf-8") as log:
+        log.write(json.dumps([key, text]) + "\\n")
+
+
 def {RECORDER}(key, value):  # flywheel mining probe: logs one side of an equality, returns it unchanged
-    import ast, json, os
+    import ast
 
     def same(a, b):
         if type(a) is not type(b):
@@ -82,20 +90,16 @@ def {RECORDER}(key, value):  # flywheel mining probe: logs one side of an equali
         ok = len(text) <= {MAX_LITERAL} and same(ast.literal_eval(text), value)
     except Exception:
         ok = False
-    with open(os.environ["{LOG_ENV}"], "a", encoding="utf-8") as log:
-        log.write(json.dumps([key, text if ok else None]) + "\\n")
+    {LOG}(key, text if ok else None)
     return value
 
 
 def {SIDES}(*keyed):  # flywheel mining probe: each side of an equality on its own, in order; nothing asserted
-    import json, os
-
     for key, side in zip(keyed[::2], keyed[1::2]):
         try:
             value = side()
         except Exception:
-            with open(os.environ["{LOG_ENV}"], "a", encoding="utf-8") as log:
-                log.write(json.dumps([key, None]) + "\\n")
+            {LOG}(key, None)
         else:
             {RECORDER}(key, value)
 
@@ -268,6 +272,8 @@ def choose(eqs: list[Equality], reference: list[dict[str, list[str | None]]],
 
 
 def _same(a: Any, b: Any) -> bool:
+    """Equal with the same types all the way down (the probe's own `same` runs in the project's interpreter, which
+    cannot import flywheel; here the values are already `literal_eval`'s, so only the types need checking)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
@@ -347,15 +353,18 @@ def _graded_copies(task: Task, base: Path, work: Path, env_path: Path, sources: 
     write_files(tree, {**task.solution, **{path: pair[0] for path, pair in probes.items()}})
     reference = [_run(tree, env_path, task, wanted, work / f"ref{seed}.log", seed, cfg) for seed in ("0", "1")]
     literals: dict[str, dict[Side, str]] = {}
-    chosen: set[str] = set()
+    picked = []
     for tid in wanted:
         pick = choose(eqs[tid], reference, bugged)
         if pick is not None:
             literals.setdefault(node_parts(tid)[0], {})[pick[0]] = pick[1]
-            chosen.add(tid)
+            picked.append(tid)
     graded = {path: materialise(sources[path], lits) for path, lits in literals.items()}
-    chosen = {tid for tid in chosen if _has_twin(graded[node_parts(tid)[0]], tuple(node_parts(tid)[1]),
-                                                 node_parts(tid)[2])}
+    chosen = set()
+    for tid in picked:  # the graded copy must give the test a twin (envs/twins.py reads the new literal)
+        path, classes, name = node_parts(tid)
+        if _has_twin(graded[path], tuple(classes), name):
+            chosen.add(tid)
     graded = {path: text for path, text in graded.items() if any(node_parts(t)[0] == path for t in chosen)}
     if not graded:
         return {}, set()
