@@ -14,6 +14,9 @@ the wall time of the N - 1 decode steps (generate() timed by a logits processor,
 from the end of the prefill step; prefill excluded alike), the contenders interleaved per repeat so that load from
 other processes hits them alike, medians; (c) time to first token alone and under the workload, and the swap
 pause: ms between the end of the last decode step on the old weights and the start of the first on the new.
+The engine runs with `own_cpus` (inference.own_cpus: the only OpenMP team while it decodes, modeling/openmp.py), and
+each HF contender's thread gives its OpenMP workers back after its run, so no contender is timed while another's
+idle team makes libgomp throttle its spin-wait.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from flywheel.bench import _engines
 from flywheel.config import ModelConfig
 from flywheel.inference.local import LocalEngine
+from flywheel.modeling import openmp
 from flywheel.policy.model import build_model, load_model, num_parameters
 from flywheel.types import SamplingParams
 
@@ -92,6 +96,17 @@ def _hf_generate_s(model, batch, prompt_len, num_tokens):
     return num_tokens - 1, clock.times[-1] - clock.times[0]
 
 
+async def _in_thread(fn, *args):
+    """`fn(*args)` (an HF contender) off the event loop, its thread's OpenMP workers given back after it, as the
+    engine gives back its own when idle: a team left behind would throttle the next contender's (modeling/openmp.py)."""
+    def call():
+        try:
+            return fn(*args)
+        finally:
+            openmp.release_team()
+    return await asyncio.to_thread(call)
+
+
 async def _engine_s(engine, batch, prompt_len, num_tokens):
     """(decode steps, their wall seconds) of the engine over the whole batch: from the end of the step that
     prefilled (and decoded once) the requests to the end of the last decode step, gaps between steps included."""
@@ -114,8 +129,8 @@ async def _decode_rates(engine, model, batch, prompt_len, num_tokens, repeats) -
     over the wall time of the N - 1 decode steps (prefill excluded alike), each contender warmed up, the three
     interleaved per repeat so that load from other processes hits them alike; medians."""
     timers = {"engine": lambda n: _engine_s(engine, batch, prompt_len, n),
-              "hf_generate": lambda n: asyncio.to_thread(_hf_generate_s, model, batch, prompt_len, n),
-              "hf_forward": lambda n: asyncio.to_thread(_hf_forward_s, model, batch, prompt_len, n)}
+              "hf_generate": lambda n: _in_thread(_hf_generate_s, model, batch, prompt_len, n),
+              "hf_forward": lambda n: _in_thread(_hf_forward_s, model, batch, prompt_len, n)}
     for timer in timers.values():  # warm-up: first calls at a new shape pay allocations and kernel selection
         await timer(4)
     rates: dict[str, list[float]] = {name: [] for name in timers}
@@ -168,6 +183,8 @@ def run(args) -> dict:
             model.generation_config.eos_token_id = None
     else:
         model = build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048)
+    # the engine has this machine's CPUs to itself, and so does each HF contender in turn (`_in_thread`)
+    own_cpus = True
     reqs = _requests(num_sessions, prompt_range, out_range)
     gen = torch.Generator().manual_seed(3)
     new_weights = {n: (p + 0.01 * torch.randn(p.shape, generator=gen)).to(p.dtype).contiguous()
@@ -178,11 +195,12 @@ def run(args) -> dict:
                          "num_sessions": num_sessions, "prompt_range": prompt_range, "out_range": out_range,
                          "hf_static_batches": hf_batches, "decode_prompt_len": decode_prompt,
                          "decode_tokens": decode_tokens, "repeats": repeats, "quick": quick,
-                         "torch_threads": torch.get_num_threads(), "load_avg_start": os.getloadavg()}}
+                         "torch_threads": torch.get_num_threads(), "own_cpus": own_cpus,
+                         "load_avg_start": os.getloadavg()}}
 
     async def main():
         eng, hf = {}, {}
-        async with LocalEngine(model, max_batch_size=64) as engine:
+        async with LocalEngine(model, max_batch_size=64, own_cpus=own_cpus) as engine:
             await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))  # warm-up
             await _engine_workload(engine, reqs[:8])
             walls, ttfts = [], []
@@ -194,9 +212,9 @@ def run(args) -> dict:
             eng["workload_ttft_median_s"] = statistics.median(ttfts)
             eng["workload_ttft_p90_s"] = sorted(ttfts)[int(0.9 * len(ttfts))]
             # HF generate() on the same requests at each static batch size (warmed up on a short batch first)
-            await asyncio.to_thread(_engines.hf_generate_wall_s, model, reqs[:2], 2)
+            await _in_thread(_engines.hf_generate_wall_s, model, reqs[:2], 2)
             for b in hf_batches:
-                hf[f"workload_wall_s_b{b}"] = await asyncio.to_thread(_engines.hf_generate_wall_s, model, reqs, b)
+                hf[f"workload_wall_s_b{b}"] = await _in_thread(_engines.hf_generate_wall_s, model, reqs, b)
             for b in (1, 8, 32):
                 rates = await _decode_rates(engine, model, b, decode_prompt, decode_tokens, repeats)
                 eng[f"decode_b{b}_tok_s"] = rates["engine"]
@@ -235,6 +253,6 @@ def run(args) -> dict:
         "workload_ttft_median_s": eng["workload_ttft_median_s"],
         "load_avg_start": result["config"]["load_avg_start"], "load_avg_end": os.getloadavg(),
         "targets": {"workload_speedup_vs_hf_generate_best": ">= 2.5", "decode_b8_vs_hf_generate": ">= 1.0",
-                    "decode_b32_vs_hf_generate": ">= 1.0", "swap_pause_ms": "<= 50"},
+                    "decode_b32_vs_hf_generate": ">= 1.5", "swap_pause_ms": "<= 50"},
     }
     return result
