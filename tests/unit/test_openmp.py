@@ -100,7 +100,7 @@ def test_an_idle_engine_and_the_thread_that_built_it_hold_no_workers():
         weights = {n: p.detach().clone() for n, p in model.state_dict().items()}
 
         async def main():
-            async with LocalEngine(model, max_batch_size=8, own_cpus=True) as engine:
+            async with LocalEngine(model, max_batch_size=8) as engine:
                 built = threads(base + 1)  # the decode thread, no worker of the main thread's
                 gens = await asyncio.gather(*(engine.generate([1, 2, 3, 4], SamplingParams(max_new_tokens=8))
                                               for _ in range(4)))

@@ -14,9 +14,9 @@ the wall time of the N - 1 decode steps (generate() timed by a logits processor,
 from the end of the prefill step; prefill excluded alike), the contenders interleaved per repeat so that load from
 other processes hits them alike, medians; (c) time to first token alone and under the workload, and the swap
 pause: ms between the end of the last decode step on the old weights and the start of the first on the new.
-The engine runs with `own_cpus` (inference.own_cpus: the only OpenMP team while it decodes, modeling/openmp.py), and
-each HF contender's thread gives its OpenMP workers back after its run, so no contender is timed while another's
-idle team makes libgomp throttle its spin-wait.
+The engine's decode thread is the only OpenMP team while it decodes (modeling/openmp.py), and each HF contender's
+thread gives its OpenMP workers back after its run, so no contender is timed while another's idle team makes libgomp
+throttle its spin-wait.
 """
 
 from __future__ import annotations
@@ -183,8 +183,6 @@ def run(args) -> dict:
             model.generation_config.eos_token_id = None
     else:
         model = build_model(ModelConfig(preset="small", max_seq_len=1024), vocab_size=2048)
-    # the engine has this machine's CPUs to itself, and so does each HF contender in turn (`_in_thread`)
-    own_cpus = True
     reqs = _requests(num_sessions, prompt_range, out_range)
     gen = torch.Generator().manual_seed(3)
     new_weights = {n: (p + 0.01 * torch.randn(p.shape, generator=gen)).to(p.dtype).contiguous()
@@ -195,12 +193,11 @@ def run(args) -> dict:
                          "num_sessions": num_sessions, "prompt_range": prompt_range, "out_range": out_range,
                          "hf_static_batches": hf_batches, "decode_prompt_len": decode_prompt,
                          "decode_tokens": decode_tokens, "repeats": repeats, "quick": quick,
-                         "torch_threads": torch.get_num_threads(), "own_cpus": own_cpus,
-                         "load_avg_start": os.getloadavg()}}
+                         "torch_threads": torch.get_num_threads(), "load_avg_start": os.getloadavg()}}
 
     async def main():
         eng, hf = {}, {}
-        async with LocalEngine(model, max_batch_size=64, own_cpus=own_cpus) as engine:
+        async with LocalEngine(model, max_batch_size=64) as engine:
             await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))  # warm-up
             await _engine_workload(engine, reqs[:8])
             walls, ttfts = [], []

@@ -118,12 +118,6 @@ class InferenceConfig(Section):
                                              "requests reuse (a session's next turn, a group's other sessions); "
                                              "0 = prefill every prompt whole. Off in numerics.batch_invariant mode")
     num_threads: int = Field(0, ge=0, le=1024, description="torch threads for the engine; 0 = torch default")
-    own_cpus: bool = Field(False, description="local engine: the engine has the machine's CPUs to itself (a "
-                           "serving host, a benchmark): the thread that built it, a thread that swapped weights and "
-                           "the idle decode thread give their OpenMP workers back, so that libgomp lets the decode "
-                           "thread's team spin-wait instead of sleeping after every op (modeling/openmp.py). Leave "
-                           "false where trainers or sandboxes share the cores: a spinning team waits for workers the "
-                           "scheduler has taken away")
     weight_dtype: Literal["bf16", "fp8_e4m3", "fp8_e4m3_block", "mxfp4", "nvfp4"] = Field(
         "bf16", description="local engine: the format of the decoder-layer weights it serves, fake-quantized when "
         "loaded and at every swap (modeling/quant.py; docs/numerics.md, \"Low precision\"); bf16 = as loaded")

@@ -94,7 +94,7 @@ class LocalEngine:
                  tokenizer=None, version: int = 0, max_prefill_tokens: int = 4096, batch_invariant: bool = False,
                  prefix_cache_mb: int = 0, max_background_rows: int | None = None,
                  max_background_prefill_tokens: int | None = None, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16", update_dtype: torch.dtype | None = None, own_cpus: bool = False):
+                 kv_dtype: str = "bf16", update_dtype: torch.dtype | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
@@ -142,11 +142,10 @@ class LocalEngine:
         # Python-level iteration races the decode thread's appends ("deque mutated during iteration").
         self.step_log: deque[tuple[float, float, int, int, int]] = deque(maxlen=100_000)
         self.busy_s = 0.0  # seconds spent in steps since the engine was built (a float: safe to read anywhere)
-        # inference.own_cpus: the thread that built the engine (and loaded the model) gives its OpenMP workers back,
-        # so that the decode thread's team is the process's only one (modeling/openmp.py); the same after a weight
-        # update and when the decode thread goes idle
-        self.own_cpus = bool(own_cpus)
-        self._release_openmp()
+        # the thread that built the engine (and loaded the model) gives its OpenMP workers back, so that the decode
+        # thread's team is the process's only one (modeling/openmp.py); the same after a weight update and when the
+        # decode thread goes idle
+        openmp.release_team()
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -293,7 +292,7 @@ class LocalEngine:
             with self._cond:
                 self._swaps_waiting -= 1
                 self._cond.notify_all()
-            self._release_openmp()  # the copies above ran parallel ops on the caller's thread
+            openmp.release_team()  # the copies above ran parallel ops on the caller's thread
         return pause_ms
 
     def served_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
@@ -319,7 +318,7 @@ class LocalEngine:
             with self._cond:
                 self._swaps_waiting -= 1
                 self._cond.notify_all()
-            self._release_openmp()  # the copies above ran parallel ops on the caller's thread
+            openmp.release_team()  # the copies above ran parallel ops on the caller's thread
         return pause_ms
 
     def served_adapter(self) -> dict[str, torch.Tensor]:
@@ -362,12 +361,7 @@ class LocalEngine:
             with self._cond:
                 idle = not self._pending and not self._running
             if idle:  # hold no OpenMP workers until the next request
-                self._release_openmp()
-
-    def _release_openmp(self) -> None:
-        """With own_cpus, the calling thread gives its OpenMP workers back (modeling/openmp.py)."""
-        if self.own_cpus:
-            openmp.release_team()
+                openmp.release_team()
 
     def _prefill(self, r: _Request, version: int) -> None:
         r.cache = self.runner.new_cache(len(r.prompt_ids) + r.limit)
@@ -457,5 +451,4 @@ def build_engine(cfg, model, tokenizer=None, batch_invariant: bool = False,
                        tokenizer=tokenizer, batch_invariant=batch_invariant, prefix_cache_mb=cfg.prefix_cache_mb,
                        max_background_rows=max_background_rows,
                        max_background_prefill_tokens=max_background_prefill_tokens,
-                       weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, update_dtype=update_dtype,
-                       own_cpus=cfg.own_cpus)
+                       weight_dtype=cfg.weight_dtype, kv_dtype=cfg.kv_dtype, update_dtype=update_dtype)

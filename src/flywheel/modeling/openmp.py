@@ -10,21 +10,22 @@ region ends with its workers asleep and every op pays a futex wake. The engine's
 team whenever the thread that loaded the model ran torch ops first. Measured on a 2-core Intel Xeon
 (SmolLM2-135M bf16, batch 32): the same `DecoderRunner.decode` took ~94 ms a step on a second thread against
 ~62 ms on the main thread, and 54.7 ms when that thread was the process's only torch thread (docs/inference.md).
-`OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` cannot lift the throttle; the count of threads is what decides it.
+The count of threads is what decides it: `GOMP_SPINCOUNT` did not change the figure, and `OMP_WAIT_POLICY=PASSIVE`
+made the main thread as slow as the second.
 
 How: OpenMP 5.0's `omp_pause_resource_all(omp_pause_soft)` frees the calling thread's pool in libgomp and takes
 its workers off the count; it touches no other thread's team and returns -1 inside a parallel region. So the
 engine calls it in the thread that built it (which loaded the model), in a thread that installed a weight update,
 and in its decode thread when that goes idle (inference/local.py); the bench calls it after each HF contender's
-run (bench/engine.py). A later parallel op in such a thread makes a new team (a thread start, ~0.1 ms).
+run (bench/engine.py). A later parallel op in such a thread makes a new team (one thread start per worker).
 
 Only libgomp (torch's own on Linux) is called: there it is per-thread. LLVM's and Intel's runtimes pause the whole
 process, which would stall another thread's parallel region, so where torch uses one of those (or none) this is a
 no-op that returns False.
 
-The throttle is also a guard: with other processes on the cores (sandboxes, a trainer), a team that spins waits for
-a worker the scheduler has taken away. So releasing helps a process whose engine has the CPUs to itself and
-costs little otherwise; it never adds threads.
+It never adds threads, and it changes nothing for a process of one torch thread (the RL job's processes on CPU,
+docs/concepts.md), which has no workers. Where a process runs two teams at once (a trainer thread beside the
+engine's) both stay throttled, as they should: there are more threads than CPUs.
 """
 
 from __future__ import annotations
