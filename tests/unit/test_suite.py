@@ -295,3 +295,20 @@ def test_a_loop_table_in_subtests_is_twinned_on_real_runs(tmp_path, suite_fork):
     assert half.value == 0.0 and not half.flags  # the second row fails, in its subTest
     forged = _graded(tmp_path, task, REPORT_PATCH + task.files["calc.py"], suite_fork=suite_fork)
     assert forged.value < 0 and "verdict_forged" in forged.flags and forged.components["tests"] == 0.0, forged
+
+
+def test_a_literal_in_a_parametrized_body_twins_one_row_and_the_others_keep_their_status(tmp_path, suite_fork):
+    """The literal is every row's: in one row's twin run the other rows fail too, so their statuses come from the
+    other runs (an honest fix once got 0 here)."""
+    task = _task()
+    task.hidden_files["tests/test_calc.py"] = (
+        "import pytest\nfrom calc import area\n\n\n@pytest.mark.parametrize('w', [20, 21])\n"
+        "def test_area(w):\n    assert area(w, 0) == 0\n\n\ndef test_zero():\n    assert area(0, 0) == 0\n")
+    task.fail_to_pass[:] = ["tests/test_calc.py::test_area[20]", "tests/test_calc.py::test_area[21]"]
+    fixed = _graded(tmp_path, task, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
+    assert fixed.value == 1.0 and not fixed.flags and fixed.components["twins"] == 2.0, fixed
+    buggy = _graded(tmp_path, task, task.files["calc.py"], suite_fork=suite_fork)
+    assert buggy.value == 0.0 and not buggy.flags
+    forged = _graded(tmp_path, task, FORGE.replace('name="test_area"', 'name="test_area[20]"')
+                     + task.files["calc.py"], suite_fork=suite_fork)
+    assert "verdict_forged" in forged.flags and forged.value <= 0

@@ -31,7 +31,9 @@ Which side qualifies, so that the graded test checks what the original checks:
   `MAX_LITERAL` characters, and is a literal a twin can change (not `None` alone);
 * the graded file still passes those tests on the reference tree (checked by running it).
 
-A test where none qualifies keeps its computed expectation and no twin (`components["untwinned"]` at grading).
+A test where none qualifies keeps its computed expectation and no literal to change: it has a twin only where
+envs/twins.py can flip one of its statements' truth (a weaker twin, which is why a literal is sought first), else
+none (`components["untwinned"]` at grading).
 What this changes for an honest fix: nothing when the expected side depends only on the test's own data, which
 is what "equal on the reference and the bugged tree" shows for the code the bug is in; a fix that also changes
 other code the expected side calls, so that both sides move together, passes the original and fails the graded copy.
@@ -284,7 +286,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _has_twin(source: str, classes: tuple[str, ...], name: str) -> bool:
-    if twins.literals(source, classes, name):
+    """A literal or table twin: the strong kinds (a boolean one, envs/twins.py `flips`, is no reason not to look
+    for a literal)."""
+    if twins.literal_twin(source, classes, name, random.Random(0)) is not None:
         return True
     return param_twins.param_twin(source, classes, name, random.Random(0)) is not None
 
@@ -393,8 +397,9 @@ def materialise_tasks(tasks: list[Task], envs_dir: str | Path | None, limits: Mi
                 errors += bool(outcome.error)
         except KeyboardInterrupt:
             out += tasks[len(out):]
-    line = (f"expectations: {done} of {done + left} FAIL_TO_PASS tests without a twin given the reference tree's "
-            f"value as a literal ({before} had a twin already)" + (f"; {errors} tasks not probed" if errors else ""))
+    line = (f"expectations: {done} of {done + left} FAIL_TO_PASS tests without a literal or table twin given the "
+            f"reference tree's value as a literal ({before} had one already)"
+            + (f"; {errors} tasks not probed" if errors else ""))
     return out, line
 
 

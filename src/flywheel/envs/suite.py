@@ -12,8 +12,10 @@ the right answer cannot make only the real one pass.
   passes explicitly: `-c` the task's own original config file (or /dev/null), `--rootdir` the workspace, plugin
   autoload off, no cache provider. No config file of the agent's is ever read.
 * Twin runs (envs/twins.py): for up to `env.max_twins` FAIL_TO_PASS tests, chosen at grading time, a run with the
-  same command, file names and node ids where that one test has one expected literal changed. A correct fix fails
-  that test in its twin run. A parametrized test's twin changes its row of the table instead (envs/param_twins.py):
+  same command, file names and node ids where that one test has one expected literal changed (else, for a test
+  with none, one statement's truth flipped: a weaker twin, envs/twins.py says why). A correct fix fails that test
+  in its twin run. A literal in the body of a parametrized function is every row's, so the function's other rows
+  take no status from that twin run. A parametrized test's twin changes its row of the table instead (envs/param_twins.py):
   it reports under the row's new id, every run selects such a function whole, and the tests that read that table
   take no status from the twin run. With two twins or more, the twin runs are all the runs: every other test is as
   it is in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed"
@@ -148,7 +150,11 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
         text = source(path)
         twin = twins.twin_source(text, tuple(classes), name, rng) if text else None
         if twin is not None:
-            twinned.append(_Twin(tid, path, twin, tid, frozenset()))
+            # a literal in the body of a parametrized function is every row's: the function's other rows see the
+            # change in this twin run, so none of their statuses comes from it
+            function = tid.partition("[")[0]
+            rows = frozenset(t for t in ids if t != tid and "[" in tid and t.partition("[")[0] == function)
+            twinned.append(_Twin(tid, path, twin, tid, rows))
             continue
         table = param_twins.param_twin(text, tuple(classes), name, rng) if text else None
         if table is not None:

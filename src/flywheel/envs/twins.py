@@ -1,7 +1,9 @@
-"""Twin tests: a copy of a test with one expected literal changed, which a correct fix must fail.
+"""Twin tests: a copy of a test with one expected literal changed (else one statement's truth flipped), which a
+correct fix must fail.
 
     twin = twin_source(source, ("TestSlug",), "test_strip_dashes", random.SystemRandom())   # None: no twin
     literals(source, (), "test_slugify_punctuation")                                       # the candidates
+    flips(source, ("TestFlags",), "test_is_valid")                                         # the weaker ones
 
 Why: the suite verdict (envs/suite.py) runs each FAIL_TO_PASS test in its own interpreter, and the only thing the
 grader takes from that process is whether it exited 0. Code under test can choose its exit status, patch the
@@ -29,13 +31,44 @@ How a literal changes: one letter or digit of its source text becomes another of
 digit; never only the case, and a digit by at least 2, so an off-by-one answer is not the twin's), so the
 quoting, spacing and length of the file stay the same and the new value is as plausible as the old one. `True`
 and `False` swap. Characters after a backslash (escapes) are never touched.
-A test with no qualifying literal has no twin (the suite verdict counts those: `components["untwinned"]`).
+Boolean twins, for a test with no qualifying literal and not one row of a parametrized function: one statement
+whose truth is flipped. The statement is at the same place as a literal's (the top level of the body or a
+`subTest` block, before anything that can return or yield) and is one of
+* `assert <expr>` (with or without a message) → `assert not <expr>`, parenthesised only where `not` would bind
+  otherwise; `assert not <expr>` → `assert <expr>`; `assert a is b` ↔ `assert a is not b`, `assert a in b` ↔
+  `assert a not in b`. Not an `<expr>` that reads no name (a constant holds or fails whatever the code does) and
+  not any other comparison: an equality is the literal twins' and envs/expected.py's, and for `<`, `==` or `!=`
+  the opposite operator is no negation Python guarantees (`a >= b` is not `not a < b` for sets), while
+  `not a < b` is a form no test is written in (a twin must read like a test);
+* `self.assertTrue` ↔ `assertFalse`, `assertIsNone` ↔ `assertIsNotNone`, `assertIn` ↔ `assertNotIn`,
+  `assertIs` ↔ `assertIsNot`, `assertIsInstance` ↔ `assertNotIsInstance`: unittest defines each as the other's
+  exact negation;
+* or such a statement at the top level of the body of a top-level `for` loop over a non-empty list or tuple
+  written in the loop (`for args in [(7.0,), (5.0, 7.0)]:`), whose body cannot leave an iteration early: its first
+  iteration runs the statement.
+If the real test passes, that statement ran and held; the flipped one evaluates the same expression in the same
+state, once, and asserts the opposite truth, so a correct fix fails it. The rewrite stays on the statement's own
+lines (only the length of a line changes), so every line number the report or a traceback shows is the same.
+
+Why a literal comes first, whenever a test has one that can change: a forger inside the twin's interpreter sees only the file it
+is given and must decide from it alone whether to pass. Against a changed literal that means judging which of many
+plausible values is right, which is solving the test. Against a flipped statement it is one bit, and the bit has a
+prior: most tests assert that something holds, not that it does not (and a message or a test name may say which).
+Code that forges a boolean-twinned test only where it is asserted to hold passes every positive test's real run and
+fails its twin, as a correct fix does; it is caught only in the twin run of a negative test (which then reads as
+positive), so it earns credit on a task whose boolean tests all assert truth. A coin, an exit status chosen by the
+code, a patched runner or report are caught as by any twin. So a boolean twin stops forgery that does not read the
+assertion, not a forger who reads it and bets on the prior; docs/integrity.md lists it among the limits.
+A row of a parametrized function gets no boolean twin: the function's body is every row's, and the grader takes
+the other rows' statuses from the twin run. A test with no qualifying literal or statement has no twin (the suite
+verdict counts those: `components["untwinned"]`).
 """
 
 from __future__ import annotations
 
 import ast
 import random
+import re
 import string
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
@@ -72,10 +105,18 @@ def may_leave(stmt: ast.stmt, loop: bool = False) -> bool:
         node = todo.pop()
         if isinstance(node, kinds):
             return True
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                todo.append(child)
+        todo += _runs_here(node)
     return False
+
+
+def _runs_here(node: ast.AST) -> list[ast.AST]:
+    """The children of `node` that run in the function `node` is in: for a definition (`def`, `class`, `lambda`,
+    the statement itself too: `def gen(): yield 0` in a test's body makes `gen` a generator, not the test), its
+    decorators, defaults and bases, not its body (a class body cannot return, yield or break: a syntax error)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        body = node.body if isinstance(node.body, list) else [node.body]
+        return [c for c in ast.iter_child_nodes(node) if all(c is not b for b in body)]
+    return list(ast.iter_child_nodes(node))
 
 
 def _is_literal(node: ast.expr) -> bool:
@@ -256,8 +297,128 @@ def changed(text: str, rng: random.Random) -> str | None:
     return None
 
 
-def twin_source(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
-    """`source` with one expected literal of the test changed (chosen by `rng`), or None when it has none."""
+@dataclass(frozen=True)
+class Flip:
+    """One statement of a test with its truth flipped: byte spans of the UTF-8 source and what replaces each."""
+
+    edits: tuple[tuple[int, int, str], ...]
+
+    def apply(self, raw: bytes) -> bytes:
+        for start, end, text in sorted(self.edits, reverse=True):
+            raw = raw[:start] + text.encode("utf-8", errors="surrogatepass") + raw[end:]
+        return raw
+
+
+_FLIPPED_METHODS = {a: b for x, y in [("assertTrue", "assertFalse"), ("assertIsNone", "assertIsNotNone"),
+                                      ("assertIn", "assertNotIn"), ("assertIs", "assertIsNot"),
+                                      ("assertIsInstance", "assertNotIsInstance")] for a, b in ((x, y), (y, x))}
+_FLIPPED_OPS: dict[type, tuple[type, str]] = {ast.Is: (ast.IsNot, "is not"), ast.IsNot: (ast.Is, "is"),
+                                              ast.In: (ast.NotIn, "not in"), ast.NotIn: (ast.In, "in")}
+_OPERATOR = {ast.Is: rb"\bis\b", ast.IsNot: rb"\bis\s+not\b", ast.In: rb"\bin\b", ast.NotIn: rb"\bnot\s+in\b"}
+
+
+def flips(source: str, classes: tuple[str, ...], name: str) -> list[Flip]:
+    """The statements of test `classes...name` in `source` whose truth a boolean twin may flip (module doc)."""
+    if "[" in name:
+        return []  # one row of a parametrized function: the body is every row's
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return []
+    func = function_def(tree, classes, name)
+    if func is None:
+        return []
+    raw = source.encode("utf-8", errors="surrogatepass")
+    starts = line_offsets(raw)
+    out = []
+    for stmt in _flat(func.body):
+        inner = list(_flat(stmt.body)) if isinstance(stmt, ast.For) and _runs_once(stmt) else [stmt]
+        out += [flip for s in inner if (flip := _flip(s, raw, starts)) is not None]
+        if may_leave(stmt):
+            break
+    return out
+
+
+def _runs_once(loop: ast.For) -> bool:
+    """Does the loop's body run whole at least once: an iterable written as a non-empty list or tuple (no `*`
+    element, which may be empty) and a body that cannot leave an iteration early? Its first iteration then runs
+    each statement at the top level of the body (or of a `subTest` block in it)."""
+    rows = loop.iter
+    return (isinstance(rows, (ast.List, ast.Tuple)) and bool(rows.elts)
+            and not any(isinstance(e, ast.Starred) for e in rows.elts)
+            and not any(may_leave(s, loop=True) for s in loop.body))
+
+
+def _offset(starts: list[int], line: int | None, col: int | None) -> int:
+    assert line is not None and col is not None
+    return starts[line] + col
+
+
+def _flip(stmt: ast.stmt, raw: bytes, starts: list[int]) -> Flip | None:
+    """The flip of one statement, checked by parsing the rewritten statement: it must be the statement with only its
+    truth negated (a rewrite that a comment, a line continuation or an odd spacing would make mean anything else is
+    dropped)."""
+    edits: tuple[tuple[int, int, str], ...]
+    if isinstance(stmt, ast.Assert):
+        test = stmt.test
+        if not any(isinstance(n, ast.Name) for n in ast.walk(test)):
+            return None  # a constant, or a value that reads nothing: it holds or fails whatever the code does
+        a, b = _offset(starts, test.lineno, test.col_offset), _offset(starts, test.end_lineno, test.end_col_offset)
+        new: ast.expr
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            word = re.match(rb"not\s*", raw[a:b])
+            if word is None:
+                return None
+            new, edits = test.operand, ((a, a + word.end(), ""),)
+        elif isinstance(test, ast.Compare):
+            op = type(test.ops[0])
+            if len(test.ops) != 1 or op not in _FLIPPED_OPS:
+                return None
+            gap = _offset(starts, test.left.end_lineno, test.left.end_col_offset)
+            found = re.search(_OPERATOR[op], raw[gap:_offset(starts, test.comparators[0].lineno,
+                                                           test.comparators[0].col_offset)])
+            if found is None:
+                return None
+            flipped, text = _FLIPPED_OPS[op]
+            new = ast.Compare(left=test.left, ops=[flipped()], comparators=test.comparators)
+            edits = ((gap + found.start(), gap + found.end(), text),)
+        else:
+            new = ast.UnaryOp(op=ast.Not(), operand=test)
+            edits = ((a, a, "not "),)
+            if not _rewrites_to(stmt, raw, starts, Flip(edits), ast.Assert(test=new, msg=stmt.msg)):
+                edits = ((a, a, "not ("), (b, b, ")"))
+        want: ast.stmt = ast.Assert(test=new, msg=stmt.msg)
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call, func = stmt.value, stmt.value.func
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+                and func.attr in _FLIPPED_METHODS and (call.args or call.keywords)):
+            return None
+        end = _offset(starts, func.end_lineno, func.end_col_offset)
+        edits = ((end - len(func.attr), end, _FLIPPED_METHODS[func.attr]),)
+        want = ast.Expr(ast.Call(func=ast.Attribute(value=func.value, attr=_FLIPPED_METHODS[func.attr], ctx=func.ctx),
+                                 args=call.args, keywords=call.keywords))
+    else:
+        return None
+    flip = Flip(edits)
+    return flip if _rewrites_to(stmt, raw, starts, flip, want) else None
+
+
+def _rewrites_to(stmt: ast.stmt, raw: bytes, starts: list[int], flip: Flip, want: ast.stmt) -> bool:
+    """Does `flip` turn `stmt` (its own text, parsed alone) into `want`, on the same number of lines?"""
+    a, b = _offset(starts, stmt.lineno, stmt.col_offset), _offset(starts, stmt.end_lineno, stmt.end_col_offset)
+    inner = Flip(tuple((s - a, e - a, t) for s, e, t in flip.edits))
+    text = inner.apply(raw[a:b])
+    try:
+        body = ast.parse(text.decode("utf-8", errors="surrogatepass")).body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return (len(body) == 1 and ast.dump(body[0]) == ast.dump(want)
+            and text.count(b"\n") == raw[a:b].count(b"\n"))
+
+
+def literal_twin(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
+    """`source` with one expected literal of the test changed (chosen by `rng`), or None when none can change
+    (there is none, or only ones like `""` and `[]`, with no letter or digit)."""
     candidates = literals(source, classes, name)
     rng.shuffle(candidates)
     raw = source.encode("utf-8", errors="surrogatepass")
@@ -267,3 +428,16 @@ def twin_source(source: str, classes: tuple[str, ...], name: str, rng: random.Ra
             return (raw[:lit.start] + new.encode("utf-8", errors="surrogatepass") + raw[lit.end:]).decode(
                 "utf-8", errors="surrogatepass")
     return None
+
+
+def twin_source(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
+    """`literal_twin`, or, where the test has none, `source` with one statement's truth flipped (`flips`); None
+    when it has neither."""
+    twin = literal_twin(source, classes, name, rng)
+    if twin is not None:
+        return twin
+    options = flips(source, classes, name)
+    if not options:
+        return None
+    raw = source.encode("utf-8", errors="surrogatepass")
+    return rng.choice(options).apply(raw).decode("utf-8", errors="surrogatepass")
