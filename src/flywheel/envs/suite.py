@@ -15,10 +15,10 @@ the right answer cannot make only the real one pass.
   same command, file names and node ids where that one test has one expected literal changed (else, for a test
   with none, one statement's truth flipped: a weaker twin, envs/twins.py says why). A correct fix fails that test
   in its twin run. A literal in the body of a parametrized function is every row's, so the function's other rows
-  take no status from that twin run. A parametrized test's twin changes its row of the table instead (envs/param_twins.py):
-  it reports under the row's new id, every run selects such a function whole, and the tests that read that table
-  take no status from the twin run. With two twins or more, the twin runs are all the runs: every other test is as
-  it is in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed"
+  take no status from that twin run. A parametrized test's twin changes its row of the table instead
+  (envs/param_twins.py): it reports under the row's new id, every run selects such a function whole, and the
+  tests that read that table take no status from the twin run. With two twins or more, the twin runs are all the
+  runs: every other test is as it is in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed"
   only if it passed in each of them). A test that no run keeps as it is (a lone twin's, or one reading a table
   every twin changed) gets one more run that keeps every test as it is.
 * A test's status in a run is what the run's report says when the interpreter exits 0 or 1 (any other status, a
@@ -152,8 +152,8 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
         if twin is not None:
             # a literal in the body of a parametrized function is every row's: the function's other rows see the
             # change in this twin run, so none of their statuses comes from it
-            function = tid.partition("[")[0]
-            rows = frozenset(t for t in ids if t != tid and "[" in tid and t.partition("[")[0] == function)
+            function, row = tid.partition("[")[::2]
+            rows = frozenset(t for t in ids if t != tid and t.partition("[")[0] == function) if row else frozenset()
             twinned.append(_Twin(tid, path, twin, tid, rows))
             continue
         table = param_twins.param_twin(text, tuple(classes), name, rng) if text else None

@@ -358,10 +358,11 @@ class LocalEngine:
                     r.loop.call_soon_threadsafe(_resolve, r.future, exc)
                 continue
             self._retire()
-            with self._cond:
-                idle = not self._pending and not self._running
-            if idle:  # hold no OpenMP workers until the next request
-                openmp.release_team()
+            if not self._running:  # the decode thread's own list: the lock only when nothing runs
+                with self._cond:
+                    idle = not self._pending
+                if idle:  # hold no OpenMP workers until the next request
+                    openmp.release_team()
 
     def _prefill(self, r: _Request, version: int) -> None:
         r.cache = self.runner.new_cache(len(r.prompt_ids) + r.limit)
