@@ -12,15 +12,15 @@ the right answer cannot make only the real one pass.
   passes explicitly: `-c` the task's own original config file (or /dev/null), `--rootdir` the workspace, plugin
   autoload off, no cache provider. No config file of the agent's is ever read.
 * Twin runs (envs/twins.py): for up to `env.max_twins` FAIL_TO_PASS tests, chosen at grading time, a run with the
-  same command, file names and node ids where that one test has one expected literal changed (else, for a test
-  with none, one statement's truth flipped: a weaker twin, envs/twins.py says why). A correct fix fails that test
-  in its twin run. A literal in the body of a parametrized function is every row's, so the function's other rows
-  take no status from that twin run. A parametrized test's twin changes its row of the table instead
-  (envs/param_twins.py): it reports under the row's new id, every run selects such a function whole, and the
-  tests that read that table take no status from the twin run. With two twins or more, the twin runs are all the
-  runs: every other test is as it is in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed"
-  only if it passed in each of them). A test that no run keeps as it is (a lone twin's, or one reading a table
-  every twin changed) gets one more run that keeps every test as it is.
+  same command, file names and node ids where that one test has one expected literal changed (else, for a test with
+  none, one statement's truth flipped: a weaker twin, envs/twins.py says why). A correct fix fails that test in its
+  twin run. A literal in the body of a parametrized function is every row's, so the function's other rows take no
+  status from that twin run. A parametrized test's twin changes its row of the table instead (envs/param_twins.py):
+  it reports under the row's new id, every run selects such a function whole, and the tests that read that table
+  take no status from the twin run. With two twins or more, the twin runs are all the runs: every other test is as
+  it is in a twin run, so a test's own status is its status in the runs where it is not the twinned one ("passed"
+  only if it passed in each of them). A test that no run keeps as it is (a lone twin's, or one reading a table every
+  twin changed) gets one more run that keeps every test as it is.
 * A test's status in a run is what the run's report says when the interpreter exits 0 or 1 (any other status, a
   timeout or a missing entry fails it). A test that passes in its twin run is `verdict_forged`: no test credit,
   the flag raised, whatever the other runs say. That is every way of passing without computing the right answer:
