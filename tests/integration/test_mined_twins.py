@@ -151,14 +151,16 @@ def test_a_forged_report_is_caught_by_the_materialised_twin(mined, tmp_path):
 
 def test_tests_that_assert_truths_are_twinned_by_a_flip(mined_flags, tmp_path):
     """Nothing to materialise (no equality at all): every FAIL_TO_PASS test is twinned as mined, by flipping one of
-    its statements; the reference fix earns 1 with no flag, a forged report is caught by the flipped twin."""
+    its statements, and as a flip is weaker than a changed value the guarded path grades the task too
+    (`suite+guard`); the reference fix earns 1 with no flag, a forged report is caught by the flipped twin."""
     tasks, envs, scratch = mined_flags
     cfg = EnvConfig(grade_cache=0, python_envs_dir=str(envs))
     new, line = materialise_tasks(tasks, str(envs))
     assert not any(t.meta.get("materialised_expectations") for t in new), line
     results = [verify_task(t, cfg, scratch / "verify") for t in tasks]
-    assert all(r.ok for r in results) and {r.verdict for r in results} == {"suite"}, results
+    assert all(r.ok for r in results) and {r.verdict for r in results} == {"suite+guard"}, results
     for i, task in enumerate(tasks):
         forged, honest = _forged_and_honest(task, envs, scratch, tmp_path / f"ws{i}")
         assert forged.value <= 0 and "verdict_forged" in forged.flags and forged.components["twins"] >= 1, forged
         assert honest.value == 1.0 and not honest.flags and "untwinned" not in honest.components, honest
+        assert honest.components["flip_twins"] >= 1 and honest.components["guarded_untwinned"] == 1.0, honest

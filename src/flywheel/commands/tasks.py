@@ -12,7 +12,7 @@
 of their untwinned tests as literals from the reference tree (envs/expected.py, `mine.materialise_expected`) so that
 those tests get twins; `--verify` then grades each kept task
 as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0 (with
-`--require-twins`, also any with a FAIL_TO_PASS test that has no twin), and prints which verdict graded the kept
+`--require-twins`, also any with a FAIL_TO_PASS test that has no twin or only a flipped truth), and prints which verdict graded the kept
 tasks (data, suite, suite with some tests left to the guard, in-process; envs/verify.py `verdict_kind`). Every command mining
 runs has the wall-clock and memory limits of the `[mine]` config section (a config file and `--mine.KEY VALUE`
 overrides); a candidate whose tests time out is rejected with that reason (the report's `rejected`, `timeouts`).
@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--verify", action="store_true", help="grade every kept task (fix -> 1, bugged -> 0) and keep "
                    "only those that pass")
     m.add_argument("--require-twins", action="store_true", help="with --verify: keep only tasks every FAIL_TO_PASS "
-                   "test of which has a twin, so the suite verdict grades them with no test left to the guard "
-                   "(docs/integrity.md)")
+                   "test of which has a twin with a changed value, so the suite verdict grades them with no test "
+                   "left to the guard (docs/integrity.md)")
     m.add_argument("--report", default=None, help="also write the per-project report (JSON) here")
     m.add_argument("config", nargs="?", default=None, help="config file whose [mine] section sets the timeouts and "
                    "memory limits (default: the defaults of docs/config.md); `--mine.KEY VALUE` overrides one")

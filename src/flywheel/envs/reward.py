@@ -358,8 +358,9 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
         components, status, notes = suite_test_results(task, workspace, cfg, kind, changes=changes)
         if components.get("verdict_forged"):
             flags.append("verdict_forged")
-        if components.get("untwinned") and not components.get("no_twin"):
-            # Some FAIL_TO_PASS tests have no twin: their runs' report is all there is. The guarded in-process run
+        if (components.get("untwinned") or components.get("flip_twins")) and not components.get("no_twin"):
+            # Some FAIL_TO_PASS tests have no twin, or only a flipped statement (a forger guessing which way a
+            # test's truth points is often right): their runs' report is not enough. The guarded in-process run
             # (a heuristic: the code under test can reach it) must agree too, so it can only take credit away.
             g_comps, g_report, g_notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity,
                                                              changes=changes)

@@ -79,6 +79,7 @@ class Run:
     twin_id: str | None = None  # the node id its twin reports under (a table row's new id; else `twin_of`)
     ignore: frozenset[str] = frozenset()  # tests that read the table the twin changed: no status from this run
     select: list[str] | None = None  # what the runner is asked to collect (None: `ids`)
+    flip: bool = False  # the twin flips a statement's truth (twins.flip_twin): weaker than a changed literal
 
     @property
     def reads(self) -> list[str]:
@@ -94,6 +95,7 @@ class _Twin:
     source: str  # the test file with the twin written in
     twin_id: str
     ignore: frozenset[str]
+    flip: bool = False
 
 
 def runs_pytest(command: str) -> bool:
@@ -148,13 +150,16 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
     for tid in f2p:
         path, classes, name = node_parts(tid)
         text = source(path)
-        twin = twins.twin_source(text, tuple(classes), name, rng) if text else None
+        twin = twins.literal_twin(text, tuple(classes), name, rng) if text else None
+        flip = twin is None and bool(text)
+        if flip:
+            twin = twins.flip_twin(text, tuple(classes), name, rng)
         if twin is not None:
             # a literal in the body of a parametrized function is every row's: the function's other rows see the
             # change in this twin run, so none of their statuses comes from it
             function, row = tid.partition("[")[::2]
             rows = frozenset(t for t in ids if t != tid and t.partition("[")[0] == function) if row else frozenset()
-            twinned.append(_Twin(tid, path, twin, tid, rows))
+            twinned.append(_Twin(tid, path, twin, tid, rows, flip))
             continue
         table = param_twins.param_twin(text, tuple(classes), name, rng) if text else None
         if table is not None:
@@ -164,7 +169,7 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
     # Every run writes the same files (the originals, or a twin in its own run): a rewritten file differs from an
     # untouched one in ways a run can see (its inode, its layer), so no run may be the only one to rewrite it.
     same = {t.path: sources[t.path] for t in chosen}
-    runs = [Run(ids, {**same, t.path: t.source}, t.tid, t.twin_id, t.ignore) for t in chosen]
+    runs = [Run(ids, {**same, t.path: t.source}, t.tid, t.twin_id, t.ignore, flip=t.flip) for t in chosen]
     if not runs or any(all(tid == r.twin_of or tid in r.ignore for r in runs) for tid in ids):
         runs.insert(0, Run(ids, dict(same)))  # a test no run keeps as it is (a lone twin's): one run with no twin
     if not together:
@@ -302,6 +307,8 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
     components: dict[str, float] = {"suite_verdict": 1.0, "twins": float(sum(r.twin_of is not None for r in runs))}
     if untwinned:
         components["untwinned"] = float(untwinned)
+    if flips := sum(r.flip for r in runs):
+        components["flip_twins"] = float(flips)  # these tests pass through the guard too (envs/reward.py)
     form = forked_form(task.test_command) if cfg.suite_fork and forked_available(kind) else None
     results = None
     if form is not None:

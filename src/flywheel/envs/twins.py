@@ -430,14 +430,17 @@ def literal_twin(source: str, classes: tuple[str, ...], name: str, rng: random.R
     return None
 
 
-def twin_source(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
-    """`literal_twin`, or, where the test has none, `source` with one statement's truth flipped (`flips`); None
-    when it has neither."""
-    twin = literal_twin(source, classes, name, rng)
-    if twin is not None:
-        return twin
+def flip_twin(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
+    """`source` with one statement of the test's truth flipped (`flips`, chosen by `rng`), or None where none can
+    be."""
     options = flips(source, classes, name)
     if not options:
         return None
     raw = source.encode("utf-8", errors="surrogatepass")
     return rng.choice(options).apply(raw).decode("utf-8", errors="surrogatepass")
+
+
+def twin_source(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
+    """`literal_twin`, or, where the test has none, `flip_twin`; None when it has neither."""
+    twin = literal_twin(source, classes, name, rng)
+    return twin if twin is not None else flip_twin(source, classes, name, rng)

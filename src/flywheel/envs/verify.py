@@ -71,14 +71,15 @@ VERDICTS = {  # verdict_kind -> what it means, for reports
 
 
 def verdict_kind(components: dict[str, float]) -> str:
-    """Which path decided a reward (docs/integrity.md): "data", "check", "suite" (no untwinned FAIL_TO_PASS test),
-    "suite+guard" (some untwinned: they also pass through the guard), "in-process", or "" (tests not run)."""
+    """Which path decided a reward (docs/integrity.md): "data", "check", "suite" (each FAIL_TO_PASS test drawn has
+    a twin with a changed value), "suite+guard" (some have no twin, or one with a flipped truth only: they also
+    pass through the guard), "in-process", or "" (tests not run)."""
     if components.get("data_verdict"):
         return "data"
     if components.get("check_verdict"):
         return "check"
     if components.get("suite_verdict"):
-        return "suite+guard" if components.get("untwinned") else "suite"
+        return "suite+guard" if components.get("untwinned") or components.get("flip_twins") else "suite"
     return "in-process" if components.get("in_process_verdict") else ""
 
 
