@@ -16,7 +16,8 @@ def test_the_catalogue_is_large_and_distinct():
     assert len(CASES) >= 75
     grouped = [name for names in MECHANISMS.values() for name in names]
     assert sorted(grouped) == sorted(a.name for a in ATTACKS)  # every attack under exactly one root cause
-    assert {kind for _, kind in CASES} == {"synthetic", "humaneval", "humaneval_calls", "swebench", "swebench_table"}
+    assert {kind for _, kind in CASES} == {"synthetic", "humaneval", "humaneval_calls", "swebench", "swebench_table",
+                                            "swebench_truths"}
 
 
 @pytest.mark.parametrize("attack,kind", CASES, ids=[f"{a.name}-{k}" for a, k in CASES])

@@ -5,7 +5,7 @@ import pytest
 from flywheel.redteam.legit import variants
 from flywheel.redteam.run import play
 
-TARGETS = ["swebench", "swebench_table", "humaneval", "humaneval_calls", *(f"synthetic-{i}" for i in range(8))]
+TARGETS = ["swebench", "swebench_table", "swebench_truths", "humaneval", "humaneval_calls", *(f"synthetic-{i}" for i in range(8))]
 
 
 def target_of(label, targets, synthetic):

@@ -72,7 +72,8 @@ def run(args) -> dict:
                                     "caught": caught(p.reward, attack.flag), "reward": p.reward.value,
                                     "flags": p.reward.flags, "grade_ms": round(p.grade_s * 1000, 1)})
         attacks_s = time.perf_counter() - t0
-        legit_targets: list[Target] = [targets["swebench"], targets["swebench_table"], targets["humaneval"],
+        legit_targets: list[Target] = [targets["swebench"], targets["swebench_table"], targets["swebench_truths"],
+                                       targets["humaneval"],
                                        targets["humaneval_calls"],
                                        *synthetic_targets(2 if quick else 8)]
         played: list[tuple[str, Played]] = [(name, play(t, calls, cfg, cache, keep=True))

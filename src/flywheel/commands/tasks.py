@@ -10,10 +10,10 @@
 `mine` injects bugs into real projects (source distributions from the package index, pinned NAME==VERSION, or
 `--dir NAME=PATH`) and keeps those their own test suites catch (tasks/mine/), then writes the computed expectations
 of their untwinned tests as literals from the reference tree (envs/expected.py, `mine.materialise_expected`) so that
-those tests get twins; `--verify` then grades each kept task
-as a run would and drops any whose fix does not earn 1 or whose bugged tree does not earn 0 (with
-`--require-twins`, also any with a FAIL_TO_PASS test that has no twin or only a flipped truth), and prints which verdict graded the kept
-tasks (data, suite, suite with some tests left to the guard, in-process; envs/verify.py `verdict_kind`). Every command mining
+those tests get twins; `--verify` then grades each kept task as a run would and drops any whose fix does not
+earn 1 or whose bugged tree does not earn 0 (with `--require-twins`, also any with a FAIL_TO_PASS test that has
+no twin or only a flipped truth), and prints which verdict graded the kept tasks (data, suite, suite with some
+tests left to the guard, in-process; envs/verify.py `verdict_kind`). Every command mining
 runs has the wall-clock and memory limits of the `[mine]` config section (a config file and `--mine.KEY VALUE`
 overrides); a candidate whose tests time out is rejected with that reason (the report's `rejected`, `timeouts`).
 `check` loads a file the way a run does and lists the broken tasks (exit code 1 when there are any), tasks whose

@@ -1,4 +1,4 @@
-"""The tasks the red-team suite attacks: a synthetic task, HumanEval-style problems and two SWE-bench-style
+"""The tasks the red-team suite attacks: a synthetic task, HumanEval-style problems and three SWE-bench-style
 instances built from real git repositories.
 
     targets = build_targets(root)          # {"synthetic": Target, "humaneval": Target, "swebench": Target, ...}
@@ -11,6 +11,8 @@ a repository checked out from a commit with a `test_patch` applied at grading (p
 `unittest.TestCase`, a `[tool:pytest]` section in setup.cfg, a package whose `__init__.py` the tests import).
 The second repository ("swebench_table") is table-driven, as most of a real project's suite is: its FAIL_TO_PASS
 tests are rows a `test_patch` adds to a module-level `@pytest.mark.parametrize` table (envs/param_twins.py).
+The third ("swebench_truths") has tests that assert truths alone, `assert is_leap(2000)`, so its twins flip a
+statement (envs/twins.py `flips`) and its gradings also run the guarded path.
 Everything is built locally: each git repository is made by `git init` and two commits in `root`.
 """
 
@@ -27,7 +29,7 @@ from flywheel.tasks.loaders import load_tasks, parse_humaneval
 from flywheel.tasks.synth import generate_tasks
 from flywheel.types import Task
 
-KINDS = ("synthetic", "humaneval", "humaneval_calls", "swebench", "swebench_table")
+KINDS = ("synthetic", "humaneval", "humaneval_calls", "swebench", "swebench_table", "swebench_truths")
 
 
 @dataclass
@@ -187,6 +189,40 @@ _WORDS_FILES = {
 }
 
 
+_LEAP_BUGGY = '''"""Calendar rules."""
+
+
+def is_leap(year):
+    """Whether `year` is a leap year of the Gregorian calendar: 2024 and 2000 are, 2023 and 1900 are common years."""
+    return year % 4 == 0
+'''
+
+_LEAP_FIXED = _LEAP_BUGGY.replace("    return year % 4 == 0",
+                                  "    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)")
+
+_LEAP_TESTS_BASE = '''from leaplib import is_leap
+
+
+def test_every_fourth_year():
+    assert is_leap(2024)
+    assert is_leap(2023) is False
+'''
+
+_LEAP_TESTS_NEW = _LEAP_TESTS_BASE + '''
+
+def test_centuries():
+    assert is_leap(2000)
+    assert is_leap(1900) is False
+'''
+
+_LEAP_FILES = {
+    "leaplib/__init__.py": '"""leaplib: calendar rules."""\n\nfrom leaplib.core import is_leap\n\n__all__ = ["is_leap"]\n',
+    "leaplib/core.py": _LEAP_BUGGY,
+    "tests/test_core.py": _LEAP_TESTS_BASE,
+    "pyproject.toml": '[project]\nname = "leaplib"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
+}
+
+
 def _git(repo: Path, *args: str, text_input: str | None = None) -> str:
     r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, input=text_input,
                        timeout=60, check=True)
@@ -240,6 +276,15 @@ def build_table_repo(repos_dir: Path) -> dict:
                                    "tests/test_core.py::test_plural_keeps_the_word"])
 
 
+def build_truths_repo(repos_dir: Path) -> dict:
+    """`acme/leaplib`, whose FAIL_TO_PASS test asserts truths alone (no value a twin could change)."""
+    return _instance(repos_dir, "leaplib", _LEAP_FILES,
+                     {"leaplib/core.py": _LEAP_FIXED, "tests/test_core.py": _LEAP_TESTS_NEW},
+                     problem_statement="is_leap(1900) is True, but a century is a leap year only when 400 divides it.",
+                     FAIL_TO_PASS=["tests/test_core.py::test_centuries"],
+                     PASS_TO_PASS=["tests/test_core.py::test_every_fourth_year"])
+
+
 def synthetic_targets(n: int, seed: int = 11) -> list[Target]:
     """`n` generated tasks (easy and medium, the standard-library runner) as targets."""
     easy = generate_tasks((n + 1) // 2, seed=seed, split="train", difficulty="easy")
@@ -262,14 +307,17 @@ def build_targets(root: Path) -> dict[str, Target]:
     """One target of each kind; the SWE-bench repositories are created under `root`."""
     repos = root / "repos"
     path = root / "swebench.jsonl"
-    path.write_text("".join(json.dumps(i) + "\n" for i in (build_swebench_repo(repos), build_table_repo(repos))),
-                    encoding="utf-8")
+    instances = (build_swebench_repo(repos), build_table_repo(repos), build_truths_repo(repos))
+    path.write_text("".join(json.dumps(i) + "\n" for i in instances), encoding="utf-8")
     load = load_tasks(path, fmt="swebench", repos_dir=repos)
-    if load.errors or len(load.tasks) != 2:
+    if load.errors or len(load.tasks) != len(instances):
         raise ValueError(f"the red-team SWE-bench instances do not load: {load.errors[:1]}")
     swe = Target("swebench", load.tasks[0], "minilib/core.py", "slugify", "minilib/__init__.py",
                  "tests/test_core.py", {"minilib/core.py": _CORE_FIXED})
     table = Target("swebench_table", load.tasks[1], "wordlib/core.py", "plural", "wordlib/__init__.py",
                    "tests/test_core.py", {"wordlib/core.py": _WORDS_FIXED})
+    truths = Target("swebench_truths", load.tasks[2], "leaplib/core.py", "is_leap", "leaplib/__init__.py",
+                    "tests/test_core.py", {"leaplib/core.py": _LEAP_FIXED})
     return {"synthetic": synthetic_targets(1)[0], "humaneval": humaneval_target(HUMANEVAL_STYLE),
-            "humaneval_calls": humaneval_target(HUMANEVAL_CALLS), "swebench": swe, "swebench_table": table}
+            "humaneval_calls": humaneval_target(HUMANEVAL_CALLS), "swebench": swe, "swebench_table": table,
+            "swebench_truths": truths}
