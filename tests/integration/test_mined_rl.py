@@ -64,7 +64,7 @@ def test_rl_on_the_easiest_mined_tasks_grades_every_session_in_its_repo_env(demo
         assert s.env_failure is None and (not reward.flags or twin_hit), (s.task_id, reward)
         assert set(reward.components) <= {"tests", "tests_cached", "penalty", "not_submitted", "tests_not_run",
                                           "suite_verdict", "twins", "untwinned", "no_twin", "verdict_forged",
-                                          "in_process_verdict", "guarded_untwinned"}, \
+                                          "in_process_verdict", "guarded_untwinned", "flip_twins"}, \
             reward.components  # no part from an error (a timeout, a bad report, a patch that failed)
         if s.meta.get("submitted"):  # graded: the project's suite ran, in the task's env, and reported every test
             tested += 1
