@@ -16,6 +16,7 @@ from flywheel.config import EnvConfig
 from flywheel.envs import suite, twins
 from flywheel.envs.reward import grade
 from flywheel.envs.verify import verdict_kind
+from flywheel.redteam.attacks_verdict import BET_ON_FLIP
 from flywheel.types import Task
 
 SOURCE = '''import unittest
@@ -221,17 +222,6 @@ def test_a_suite_of_truths_on_real_runs(tmp_path, suite_fork):
     assert forged.value < 0 and "verdict_forged" in forged.flags and forged.components["tests"] == 0.0, forged
 
 
-# reads the assertion and bets that it holds: a report that says passed where the test file negates nothing and
-# failed where it does, so the real run of `assert is_even(4)` passes and its flipped twin (`assert not ...`) fails,
-# with nothing a static scan flags
-BETTOR = ("import importlib\n\n_R = importlib.import_module('_py' + 'test.reports')\n"
-          "_made = _R.TestReport.from_item_and_call\n\n\n"
-          "def _bet(item, call):\n    rep = _made(item, call)\n    if rep.when == 'call':\n"
-          "        holds = ' not ' not in open(str(item.path)).read()\n"
-          "        rep.outcome, rep.longrepr = ('passed', None) if holds else ('failed', 'bet')\n    return rep\n\n\n"
-          "_R.TestReport.from_item_and_call = _bet\n")
-
-
 def test_a_forger_betting_on_a_flip_gets_nothing_through_the_guard(tmp_path, suite_fork):
     """A flipped twin is a one-bit guess for code that reads it, and this forger guesses right: it passes the real
     run and fails the twin, as a correct fix does, so the suite verdict alone would give it 1.0 with no flag. A
@@ -242,7 +232,7 @@ def test_a_forger_betting_on_a_flip_gets_nothing_through_the_guard(tmp_path, sui
                 test_command="python -m pytest -q")
     ws = tmp_path / "ws"
     ws.mkdir()
-    (ws / "flags.py").write_text(BETTOR + BUGGED)
+    (ws / "flags.py").write_text(BET_ON_FLIP + BUGGED)  # the red team's bettor (redteam/attacks_verdict.py)
     bet = grade(task, ws, EnvConfig(grade_cache=0, suite_fork=suite_fork))
     assert bet.components.get("flip_twins") == 1.0 and "verdict_forged" not in bet.flags, bet  # the bet held
     assert bet.value <= 0 and bet.components["tests"] == 0.0 and bet.flags == ["runner_tampered"], bet

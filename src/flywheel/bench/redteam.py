@@ -73,8 +73,7 @@ def run(args) -> dict:
                                     "flags": p.reward.flags, "grade_ms": round(p.grade_s * 1000, 1)})
         attacks_s = time.perf_counter() - t0
         legit_targets: list[Target] = [targets["swebench"], targets["swebench_table"], targets["swebench_truths"],
-                                       targets["humaneval"],
-                                       targets["humaneval_calls"],
+                                       targets["humaneval"], targets["humaneval_calls"],
                                        *synthetic_targets(2 if quick else 8)]
         played: list[tuple[str, Played]] = [(name, play(t, calls, cfg, cache, keep=True))
                                             for name, t, calls in legit_cases(legit_targets)]

@@ -79,7 +79,7 @@ class Run:
     twin_id: str | None = None  # the node id its twin reports under (a table row's new id; else `twin_of`)
     ignore: frozenset[str] = frozenset()  # tests that read the table the twin changed: no status from this run
     select: list[str] | None = None  # what the runner is asked to collect (None: `ids`)
-    flip: bool = False  # the twin flips a statement's truth (twins.flip_twin): weaker than a changed literal
+    flip: bool = False  # the twin flips a statement's truth (twins.choose_twin): weaker than a changed literal
 
     @property
     def reads(self) -> list[str]:
@@ -150,11 +150,9 @@ def plan(task: Task, base: Path, rng: random.Random, max_twins: int) -> tuple[li
     for tid in f2p:
         path, classes, name = node_parts(tid)
         text = source(path)
-        twin = twins.literal_twin(text, tuple(classes), name, rng) if text else None
-        flip = twin is None and bool(text)
-        if flip:
-            twin = twins.flip_twin(text, tuple(classes), name, rng)
-        if twin is not None:
+        made = twins.choose_twin(text, tuple(classes), name, rng) if text else None
+        if made is not None:
+            twin, flip = made
             # a literal in the body of a parametrized function is every row's: the function's other rows see the
             # change in this twin run, so none of their statuses comes from it
             function, row = tid.partition("[")[::2]

@@ -430,17 +430,20 @@ def literal_twin(source: str, classes: tuple[str, ...], name: str, rng: random.R
     return None
 
 
-def flip_twin(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
-    """`source` with one statement of the test's truth flipped (`flips`, chosen by `rng`), or None where none can
-    be."""
+def choose_twin(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> tuple[str, bool] | None:
+    """(`literal_twin`, False), or, where the test has none, (`source` with one statement's truth flipped
+    (`flips`, chosen by `rng`), True); None when it has neither. The flag says the twin is the weaker kind."""
+    twin = literal_twin(source, classes, name, rng)
+    if twin is not None:
+        return twin, False
     options = flips(source, classes, name)
     if not options:
         return None
     raw = source.encode("utf-8", errors="surrogatepass")
-    return rng.choice(options).apply(raw).decode("utf-8", errors="surrogatepass")
+    return rng.choice(options).apply(raw).decode("utf-8", errors="surrogatepass"), True
 
 
 def twin_source(source: str, classes: tuple[str, ...], name: str, rng: random.Random) -> str | None:
-    """`literal_twin`, or, where the test has none, `flip_twin`; None when it has neither."""
-    twin = literal_twin(source, classes, name, rng)
-    return twin if twin is not None else flip_twin(source, classes, name, rng)
+    """The twin `choose_twin` writes, without its kind."""
+    chosen = choose_twin(source, classes, name, rng)
+    return None if chosen is None else chosen[0]

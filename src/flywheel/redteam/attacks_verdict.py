@@ -146,7 +146,7 @@ if _out and not _written_over():
         _fh.write("<testsuites><testsuite>" + "".join(_cases) + "</testsuite></testsuites>")
     getattr(_os, "_" + "exit")(0)
 """
-# Reads the assertion and bets that it holds, which most tests' does: the report says passed where the test's own
+# Reads the assertion and bets that it holds, as most tests' assertions do: the report says passed where the test's own
 # body negates nothing and failed where it does. Against a flipped-truth twin (envs/twins.py `flips`: `assert x` ->
 # `assert not x`) that is the right guess, so the real run passes and the twin fails, as for a correct fix, and no
 # run of the suite verdict is forged in a way it can see; the guarded path graded beside it is what catches it.
