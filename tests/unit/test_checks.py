@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import EnvConfig
-from flywheel.envs.checks import _answer
 from flywheel.envs.reward import grade
+from flywheel.tasks.callee import decode
+from flywheel.tasks.checker import CandidateError, answer
 from flywheel.tasks.loaders import BrokenTask, parse_flywheel, parse_humaneval, task_base_dir
 
 PROBLEM = {  # a check program: random inputs, answers computed by the prompt's helper, one tolerance assert
@@ -82,11 +83,15 @@ def test_shadowed_helpers_win_where_the_check_runs_beside_the_solution(task, tmp
 
 
 def test_a_reply_crosses_only_as_plain_values():
-    assert _answer(b'{"ok": true, "value": {"tuple": [1, "a"]}}') == {"ok": True, "value": {"tuple": [1, "a"]}}
-    assert _answer(b'{"ok": true, "value": {"object": 1}}')["ok"] is False
-    assert _answer(b'not json')["ok"] is False
-    assert _answer(None) == {"ok": False, "error": "the candidate's process sent no reply"}
-    assert _answer(b'{"ok": false, "error": "ValueError: x"}') == {"ok": False, "error": "ValueError: x"}
+    assert answer(b'{"ok": true, "value": {"tuple": [1, "a"]}}', decode) == (1, "a")
+    with pytest.raises(ValueError):
+        answer(b'{"ok": true, "value": {"object": 1}}', decode)
+    with pytest.raises(ValueError):
+        answer(b'not json', decode)
+    with pytest.raises(CandidateError, match="ValueError: x"):
+        answer(b'{"ok": false, "error": "ValueError: x"}', decode)
+    with pytest.raises(CandidateError, match="the call failed"):
+        answer(b'[1]', decode)
 
 
 def test_a_check_in_a_task_file_is_checked(tmp_path):

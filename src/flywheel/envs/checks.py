@@ -1,5 +1,5 @@
 """Grading by a check program: the task's test code in one sandbox, the candidate's function in another, plain data
-between them, relayed by this process.
+between them over two pipes, and the verdict on a third that only the check program writes.
 
     status, components = grade_check(task, base, cfg, kind="auto")   # base: a private copy of the workspace
 
@@ -8,20 +8,24 @@ helpers, `assert candidate(x) == f(x)`) cannot be turned into (call, expected) d
 code under test gives that code the verdict (it can patch the test, its helpers or the assert). Here:
 
 * the check sandbox holds only trusted files: the task's program (`task.check["source"]`), tasks/checker.py and
-  tasks/callee.py's encoding; it runs `check(candidate)` and decides pass or fail itself;
+  tasks/callee.py's encoding; it runs `check(candidate)`, decodes each answer into fresh builtin values (an
+  object of the candidate's own class, a subclass of a builtin, a line that does not parse or one past MAX_LINE is
+  a failed call), and decides pass or fail itself. Its interpreter starts with `-S`: it needs the standard
+  library alone;
 * the candidate sandbox (a fresh one on a copy of the agent's workspace, the task's own Python) runs
-  tasks/callee.py `serve`, which calls the entry point with the inputs it is sent; it never holds the program;
-* this process carries each call from the first to the second and each answer back, after decoding it into fresh
-  builtin values and encoding it again: an object of the candidate's own class, a subclass of a builtin or
-  anything else with no plain encoding cannot cross (that call fails), and a reply that does not parse is a
-  failed call. A candidate that never answers runs into the grading deadline: the check fails.
+  tasks/callee.py `serve`, which imports the entry point's module while the check program starts and calls it
+  with the inputs it is sent; it never holds the program;
+* this process makes the pipes (the check program's stdout to the candidate's stdin, the candidate's stdout to
+  the check program's stdin, the check program's stderr to here) and waits, by the grading deadline, for the
+  verdict line. The candidate holds no end of that pipe: whatever it writes reaches the check program as the
+  reply to a call. A candidate that never answers runs into the deadline: the check fails.
 
 So the code under test reaches the verdict only through the values its function returns. What it does not
 cover: the candidate sees every input it is called with (a program that passes the expected value as an input
 gives it away), and the program's text is public when the task is (HumanEval).
 
-The verdict's price: a second sandbox and one round trip through this process per call (`flywheel bench redteam`
-`grade_ms_p50`). Tests: tests/unit/test_checks.py, tests/redteam/test_humaneval.py.
+The verdict's price: a second sandbox and one round trip between the two programs per call (`flywheel bench
+redteam` `grade_ms_p50_check`). Tests: tests/unit/test_checks.py, tests/redteam/test_humaneval.py.
 """
 
 from __future__ import annotations
@@ -31,113 +35,50 @@ import os
 import select
 import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from flywheel.config import EnvConfig
+from flywheel.sandbox.host import kill_group
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.workspace import base_permissions
 from flywheel.tasks import callee, checker
+from flywheel.tasks.checker import MAX_LINE
 from flywheel.tasks.repoenv import ready_env
 from flywheel.types import Task
 
 _CALLEE = Path(callee.__file__).read_text(encoding="utf-8")
 _CHECKER = Path(checker.__file__).read_text(encoding="utf-8")
-MAX_LINE = 16 << 20  # the longest message either side may send (bytes)
 
 
-class _Lines:
-    """Lines from a pipe, each read by a deadline: None at end of file, at the deadline or past MAX_LINE."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buf = bytearray()
-        self.eof = False
-        os.set_blocking(fd, False)
-
-    def read(self, deadline: float) -> bytes | None:
-        while (i := self.buf.find(b"\n")) < 0:
-            left = deadline - time.monotonic()
-            if self.eof or len(self.buf) > MAX_LINE or left <= 0:
-                return None
-            if not select.select([self.fd], [], [], left)[0]:
-                return None
-            try:
-                chunk = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            self.eof = not chunk
-            self.buf += chunk
-        line = bytes(self.buf[:i])
-        del self.buf[:i + 1]
-        return line
-
-
-def _send(fd: int, data: bytes, deadline: float) -> bool:
-    """Write all of `data` by the deadline (the reader may never read); False when it cannot."""
+def read_verdict(fd: int, deadline: float) -> tuple[str, dict[str, float]]:
+    """The check program's verdict, a line it writes on `fd` (its stderr) as its last act, read by the deadline;
+    (the test's status, components). Other lines (bwrap saying why it could not start) are passed over."""
     os.set_blocking(fd, False)
-    view = memoryview(data)
-    while view:
+    buf = bytearray()
+    while len(buf) <= MAX_LINE:
+        while (i := buf.find(b"\n")) >= 0:
+            line = bytes(buf[:i])
+            del buf[:i + 1]
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if type(msg) is dict and msg.get("done") is True:
+                calls = {"check_calls": float(msg["calls"])} if type(msg.get("calls")) is int else {}
+                return ("passed" if msg.get("passed") is True else "failed"), calls
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([], [fd], [], left)[1]:
-            return False
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return "failed", {"timed_out": 1.0}
         try:
-            view = view[os.write(fd, view):]
+            chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
             continue
-        except OSError:  # the reader is gone
-            return False
-    return True
-
-
-def _answer(line: bytes | None) -> dict[str, Any]:
-    """The reply the check program gets for the candidate's `line`: its value re-encoded from fresh builtins, or
-    a failed call."""
-    if line is None:
-        return {"ok": False, "error": "the candidate's process sent no reply"}
-    try:
-        reply = json.loads(line)
-        if type(reply) is not dict or reply.get("ok") is not True:
-            error = reply.get("error") if type(reply) is dict else None
-            return {"ok": False, "error": str(error)[:300] if isinstance(error, str) else "the call failed"}
-        return {"ok": True, "value": callee.encode(callee.decode(reply.get("value")))}
-    except (ValueError, TypeError, RecursionError):
-        return {"ok": False, "error": "the reply is not a plain value"}
-
-
-def converse(check: subprocess.Popen, cand: subprocess.Popen, module: str, function: str,
-             deadline: float) -> tuple[str, dict[str, float]]:
-    """Carry calls from the check program to the candidate and answers back until the program says done;
-    (the test's status, components)."""
-    assert check.stdin and check.stdout and cand.stdin and cand.stdout
-    from_check, from_cand = _Lines(check.stdout.fileno()), _Lines(cand.stdout.fileno())
-    to_check, to_cand = check.stdin.fileno(), cand.stdin.fileno()
-    calls, cand_alive = 0, True
-    while True:
-        line = from_check.read(deadline)
-        if line is None:
-            return "failed", {"check_calls": float(calls), **(
-                {"timed_out": 1.0} if time.monotonic() >= deadline else {"bad_report": 1.0})}
-        try:
-            msg = json.loads(line)
-            assert type(msg) is dict
-        except (ValueError, AssertionError):
-            return "error", {"check_calls": float(calls), "bad_report": 1.0}
-        if msg.get("done") is True:
-            return ("passed" if msg.get("passed") is True else "failed"), {"check_calls": float(calls)}
-        calls += 1
-        request = json.dumps({"module": module, "function": function, "args": msg.get("call")}).encode() + b"\n"
-        cand_alive = cand_alive and _send(to_cand, request, deadline)
-        reply = from_cand.read(deadline) if cand_alive else None
-        if time.monotonic() >= deadline:
-            return "failed", {"check_calls": float(calls), "timed_out": 1.0}
-        cand_alive = cand_alive and reply is not None  # ended, or a line past MAX_LINE: no later reply is its own
-        answer = _answer(reply)
-        if not _send(to_check, json.dumps(answer).encode() + b"\n", deadline):
-            return "failed", {"check_calls": float(calls), "timed_out": 1.0}
+        if not chunk:  # it ended with no verdict
+            break
+        buf += chunk
+    return "error", {"bad_report": 1.0}
 
 
 def grade_check(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto") -> tuple[dict[str, str], dict[str, float]]:
@@ -151,18 +92,30 @@ def grade_check(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto") -> t
     try:
         program = tmp / "check"
         program.mkdir()
-        (program / "check.json").write_text(json.dumps({"source": spec["source"], "function": spec["function"]}),
+        (program / "check.json").write_text(json.dumps({k: spec[k] for k in ("source", "module", "function")}),
                                             encoding="utf-8")
         (program / "callee.py").write_text(_CALLEE, encoding="utf-8")
         (program / "checker.py").write_text(_CHECKER, encoding="utf-8")
         base_permissions(program)
         base_permissions(base)
         deadline = time.monotonic() + cfg.grade_timeout_s
-        with create_sandbox(base, limits, kind=kind, python_env=env_dir) as cand_sb, \
-                create_sandbox(program, limits, kind=kind) as check_sb, \
-                cand_sb.process(f"python -I -c {shlex.quote(_CALLEE)} serve") as cand, \
-                check_sb.process("python -I checker.py") as check:
-            status, extra = converse(check, cand, spec["module"], spec["function"], deadline)
+        pipes = [*os.pipe(), *os.pipe(), *os.pipe()]
+        to_cand_r, to_cand_w, to_check_r, to_check_w, verdict_r, verdict_w = pipes  # requests, replies, verdict
+        try:
+            with create_sandbox(base, limits, kind=kind, python_env=env_dir) as cand_sb, \
+                    create_sandbox(program, limits, kind=kind) as check_sb, \
+                    cand_sb.process(f"python -I -c {shlex.quote(_CALLEE)} serve {shlex.quote(spec['module'])}",
+                                    stdin=to_cand_r, stdout=to_check_w) as cand, \
+                    check_sb.process("python -I -S checker.py", stdin=to_check_r, stdout=to_cand_w,
+                                     stderr=verdict_w):
+                for fd in pipes[:4] + [verdict_w]:  # only the two programs hold these now
+                    os.close(fd)
+                    pipes.remove(fd)
+                status, extra = read_verdict(verdict_r, deadline)
+                kill_group(cand.pid)  # now, while the check program ends, not after it
+        finally:
+            for fd in pipes:
+                os.close(fd)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {spec["id"]: status}, {"check_verdict": 1.0, **extra}

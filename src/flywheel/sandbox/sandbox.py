@@ -316,13 +316,15 @@ class _BaseSandbox(abc.ABC):
                 os.close(info_r)
 
     @contextlib.contextmanager
-    def process(self, command: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-        """`bash -c command` in the workspace, alive while the block runs, stdin and stdout as pipes (stderr is
-        dropped): a conversation with a command (envs/checks.py). The caller keeps its own deadline; leaving the
-        block kills the command and everything it started."""
+    def process(self, command: str, env: dict[str, str] | None = None, *, stdin: int = subprocess.PIPE,
+                stdout: int = subprocess.PIPE, stderr: int = subprocess.DEVNULL) -> Iterator[subprocess.Popen]:
+        """`bash -c command` in the workspace, alive while the block runs: a conversation with a command
+        (envs/checks.py). stdin and stdout are pipes to this process and stderr is dropped, unless the caller
+        passes file descriptors of its own (a pipe to another sandbox's process). The caller keeps its own
+        deadline; leaving the block kills the command and everything it started."""
         info_r, info_w = os.pipe() if self._wants_info_fd else (-1, -1)
         try:
-            proc = self._start(command, env, subprocess.PIPE, subprocess.PIPE, subprocess.DEVNULL, info_w)
+            proc = self._start(command, env, stdin, stdout, stderr, info_w)
             try:
                 yield proc
             finally:
@@ -477,7 +479,7 @@ class BwrapSandbox(_BaseSandbox):
         except (OSError, ValueError):
             return  # bwrap died before it started the namespace
         pid = info.get("child-pid")
-        deadline = time.monotonic() + 2.0
+        deadline, pause = time.monotonic() + 2.0, 0.0002
         while isinstance(pid, int) and time.monotonic() < deadline:
             try:
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -485,7 +487,8 @@ class BwrapSandbox(_BaseSandbox):
                 return
             if state in ("Z", "X"):
                 return
-            time.sleep(0.002)
+            time.sleep(pause)  # most are gone within a millisecond: look again soon, then less often
+            pause = min(2 * pause, 0.002)
 
     def _cwd(self) -> str:
         return str(self._ws.root)  # bwrap itself runs outside; --chdir puts the command in /workspace

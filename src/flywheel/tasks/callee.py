@@ -4,8 +4,8 @@
     request: {"calls": [{"module": "calc", "function": "f", "args": <encoded>}, ...]}
     stdout:  {"results": [{"i": 0, "ok": true, "value": <encoded>} | {"i": 1, "ok": false, "error": "..."}, ...]}
 
-    python -I -c "$(cat callee.py)" serve                 # one call per line in, one reply per line out
-    stdin:   {"module": "calc", "function": "f", "args": <encoded>}         (envs/checks.py sends these)
+    python -I -c "$(cat callee.py)" serve calc            # one call per line in, one reply per line out
+    stdin:   {"module": "calc", "function": "f", "args": <encoded>}         (tasks/checker.py sends these)
     stdout:  {"ok": true, "value": <encoded>} | {"ok": false, "error": "..."}
 
 Why: a verdict decided inside the interpreter that runs the code under test belongs to that code (it can patch
@@ -90,8 +90,14 @@ def _call(i: int, entry: dict) -> dict:
         return {"i": i, "ok": False, "error": f"{type(err).__name__}: {err}"[:300]}
 
 
-def serve(out) -> None:
-    """Answer calls one line at a time until stdin ends: the candidate side of a check program's relay."""
+def serve(out, modules: list[str]) -> None:
+    """Answer calls one line at a time until stdin ends: the candidate side of a check program. `modules` are
+    imported first, while the check program starts (an import that fails is reported by the first call)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001, S110 - the call that needs it says why
+            pass
     for line in sys.stdin:
         reply = _call(0, json.loads(line))
         del reply["i"]
@@ -107,8 +113,8 @@ def main() -> int:
     out = os.fdopen(os.dup(1), "w")  # the reply channel; fd 1 itself goes to stderr, so the code's prints do not
     os.dup2(2, 1)                    # land in the reply (nothing here is trusted: this is for honest code)
     sys.path.insert(0, os.getcwd())
-    if sys.argv[1:] == ["serve"]:
-        serve(out)
+    if sys.argv[1:2] == ["serve"]:
+        serve(out, sys.argv[2:])
         return 0
     request = json.loads(sys.stdin.read())
     results = [_call(i, entry) for i, entry in enumerate(request["calls"])]

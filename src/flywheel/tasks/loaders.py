@@ -19,7 +19,7 @@ Formats:
 * humaneval: `task_id, prompt, canonical_solution, test, entry_point`: a single-file task, `solution.py`
   holds the prompt and the agent completes it. Graded by data: `calls` where `check` is plain asserts on
   calls, else `check` as a program (the prompt, then the test) that the grader runs in a sandbox of its own,
-  relaying each call to the candidate (envs/checks.py). The hidden test file (`check(entry_point)` in a namespace
+  calling the candidate over pipes (envs/checks.py). The hidden test file (`check(entry_point)` in a namespace
   holding every name `solution.py` defines, as the official harness runs prompt, completion and test as one
   program) under the standard-library runner (`runtests.py`, tasks/minitest.py) is what the agent's own runs
   and the undefended baseline of `flywheel bench redteam` use.
