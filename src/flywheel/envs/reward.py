@@ -57,10 +57,11 @@ import stat
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flywheel.config import EnvConfig
 from flywheel.envs import guard
@@ -355,15 +356,26 @@ def grade(task: Task, workspace: Path, cfg: EnvConfig, *, tool_log: list[dict] |
     if by_data:
         components, status = data_test_results(task, workspace, cfg, kind)
     elif by_suite:
-        components, status, notes = suite_test_results(task, workspace, cfg, kind, changes=changes)
+        beside: dict[str, Any] = {}
+
+        def guarded_run() -> None:  # while the suite's runs run, when its plan says it will be needed
+            try:
+                beside["result"] = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity, changes=changes)
+            except BaseException as exc:  # noqa: BLE001 - raised below, in the grading thread
+                beside["error"] = exc
+
+        components, status, notes = suite_test_results(task, workspace, cfg, kind, changes=changes,
+                                                       alongside=guarded_run)
         if components.get("verdict_forged"):
             flags.append("verdict_forged")
         if (components.get("untwinned") or components.get("flip_twins")) and not components.get("no_twin"):
             # Some FAIL_TO_PASS tests have no twin, or only a flipped statement (a forger guessing which way a
             # test's truth points is often right): their runs' report is not enough. The guarded in-process run
             # (a heuristic: the code under test can reach it) must agree too, so it can only take credit away.
-            g_comps, g_report, g_notes = hidden_test_results(task, workspace, cfg, test_ids, kind, integrity,
-                                                             changes=changes)
+            if "error" in beside:
+                raise beside["error"]
+            g_comps, g_report, g_notes = beside.get("result") or hidden_test_results(
+                task, workspace, cfg, test_ids, kind, integrity, changes=changes)  # a cached suite verdict: now
             guarded = statuses_of(test_ids, g_report)
             status = {tid: st if guarded.get(tid) == "passed" else guarded.get(tid, "missing")
                       for tid, st in status.items()}
@@ -453,9 +465,11 @@ def _env_dir(task: Task, cfg: EnvConfig) -> Path | None:
 
 
 def suite_test_results(task: Task, workspace: Path, cfg: EnvConfig, kind: str = "auto", *,
-                       changes: WorkspaceChanges) -> tuple[dict[str, float], dict[str, str], list[str]]:
+                       changes: WorkspaceChanges, alongside: Callable[[], object] | None = None,
+                       ) -> tuple[dict[str, float], dict[str, str], list[str]]:
     """(components, status per test id, notes) of the suite verdict (envs/suite.py) on a restored copy of
-    `workspace`, or the verdict on an identical restored tree from this process's cache."""
+    `workspace`, or the verdict on an identical restored tree from this process's cache. `alongside`: run beside
+    the suite's runs when its plan leaves tests the report alone decides (suite.grade_suite)."""
     test_ids = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     env_dir = _env_dir(task, cfg)
     with grading_tree(task, workspace, hidden_test_files(task), changes, integrity=True) as base:
@@ -470,7 +484,7 @@ def suite_test_results(task: Task, workspace: Path, cfg: EnvConfig, kind: str = 
             comps, status = cached
             notes = ["the cached verdict of an identical tree: a twin passed"] if comps.get("verdict_forged") else []
             return {**comps, "tests_cached": 1.0}, status, notes
-        status, components, notes = grade_suite(task, base, cfg, kind, env_dir)
+        status, components, notes = grade_suite(task, base, cfg, kind, env_dir, alongside=alongside)
     status = {tid: status.get(tid, "missing") for tid in test_ids}
     if not components.get("timed_out"):
         GRADE_CACHE.put(key, (components, status), cfg.grade_cache)

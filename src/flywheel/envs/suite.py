@@ -46,6 +46,7 @@ import logging
 import random
 import re
 import shlex
+import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -295,10 +296,13 @@ def _forked(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, form: tuple
 
 
 def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_dir: Path | None = None,
-                rng: random.Random | None = None) -> tuple[dict[str, str], dict[str, float], list[str]]:
+                rng: random.Random | None = None, alongside: Callable[[], object] | None = None,
+                ) -> tuple[dict[str, str], dict[str, float], list[str]]:
     """(status per test id, components, notes) of the task's tests on `base` (the restored grading tree, which
     the caller owns; it is only read). `rng`: the twins' choices (default: the system's randomness, or
-    `env.twin_seed`)."""
+    `env.twin_seed`). `alongside`: called in a thread while the runs run, when the plan leaves a FAIL_TO_PASS test
+    untwinned or twinned by a flip (components `untwinned`, `flip_twins`): the guarded in-process run that must
+    agree with the report then (envs/reward.py), on the cores the runs leave idle instead of after them."""
     if rng is None:
         rng = random.SystemRandom() if cfg.twin_seed is None else random.Random(f"{cfg.twin_seed} {task.id}")
     runs, untwinned = plan(task, base, rng, cfg.max_twins)
@@ -307,15 +311,15 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
         components["untwinned"] = float(untwinned)
     if flips := sum(r.flip for r in runs):
         components["flip_twins"] = float(flips)  # these tests pass through the guard too (envs/reward.py)
-    form = forked_form(task.test_command) if cfg.suite_fork and forked_available(kind) else None
-    results = None
-    if form is not None:
-        try:
-            results = _forked(task, runs, base, cfg, form, env_dir)
-        except RuntimeError as exc:  # the zygote could not start (an interpreter without pidfd_open, ...)
-            log.warning("task %s: forked grading runs failed (%s); running each in a sandbox of its own", task.id, exc)
-    if results is None:
-        results = _separate(task, runs, base, cfg, kind, env_dir)
+    beside = None
+    if alongside is not None and (untwinned or flips):
+        beside = threading.Thread(target=alongside, name=f"guarded-{task.id}", daemon=True)
+        beside.start()
+    try:
+        results = _run_all(task, runs, base, cfg, kind, env_dir)
+    finally:
+        if beside is not None:
+            beside.join()
     status: dict[str, str] = {}
     forged: list[str] = []
     for run, (out, timed_out) in zip(runs, results):
@@ -330,3 +334,16 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
         components["verdict_forged"] = 1.0
     return status, components, [f"{tid}: passed with one expected value changed (its twin run); in the runs that "
                                 f"kept it as it is it {status.get(tid, 'missing')}" for tid in forged]
+
+
+
+def _run_all(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, kind: str,
+             env_dir: Path | None) -> list[tuple[dict[str, str], bool]]:
+    """Each run's (status per test id, timed out): forked from one interpreter where it can, else a sandbox each."""
+    form = forked_form(task.test_command) if cfg.suite_fork and forked_available(kind) else None
+    if form is not None:
+        try:
+            return _forked(task, runs, base, cfg, form, env_dir)
+        except RuntimeError as exc:  # the zygote could not start (an interpreter without pidfd_open, ...)
+            log.warning("task %s: forked grading runs failed (%s); running each in a sandbox of its own", task.id, exc)
+    return _separate(task, runs, base, cfg, kind, env_dir)
