@@ -5,6 +5,7 @@ sandboxes (a fix, a bug, a forged exit status, a wrong answer that equals the tw
 import ast
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -273,6 +274,29 @@ def test_an_untwinned_test_forged_alone_is_caught_by_the_guard(tmp_path, suite_f
     assert forged.value <= 0 and forged.components["guarded_untwinned"] == 1.0, forged
     fixed = _graded(tmp_path, both, "def area(w, h):\n    return w * h\n", suite_fork=suite_fork)
     assert fixed.value == 1.0 and not fixed.flags and fixed.components["guarded_untwinned"] == 1.0
+
+
+def test_the_guarded_run_goes_beside_the_runs_only_when_the_plan_leaves_a_test_to_it(tmp_path):
+    """grade_suite's `alongside` (the guarded in-process run, envs/reward.py) starts in a thread of its own while the
+    runs run, for a plan with an untwinned FAIL_TO_PASS test, and never for a fully twinned one."""
+    both = _task()
+    both.fail_to_pass.append("tests/test_calc.py::test_zero")
+    both.pass_to_pass.clear()
+    both.hidden_files["tests/test_calc.py"] = both.hidden_files["tests/test_calc.py"].replace(
+        "assert area(0, 0) == 0", "assert area(0, 0) == 1 - 1")
+    for task, expected in [(_task(), []), (both, ["beside"])]:
+        base = tmp_path / task.id / str(len(expected))
+        for rel, text in {**task.files, **task.hidden_files, "calc.py": "def area(w, h):\n    return w * h\n"}.items():
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / rel).write_text(text)
+        called: list[str] = []
+
+        def note(called=called) -> None:
+            called.append("beside" if threading.current_thread() is not threading.main_thread() else "main")
+
+        status, components, _ = suite.grade_suite(task, base, EnvConfig(grade_cache=0), alongside=note)
+        assert called == expected, (task.fail_to_pass, components)
+        assert set(status.values()) == {"passed"} and bool(components.get("untwinned")) == bool(expected)
 
 
 REPORT_PATCH = ("_R = __import__('_py' + 'test.reports', fromlist=['x'])\n_made = _R.TestReport.from_item_and_call\n\n\n"
