@@ -44,7 +44,6 @@ from flywheel.sandbox.host import kill_group
 from flywheel.sandbox.sandbox import SandboxLimits, create_sandbox
 from flywheel.sandbox.workspace import base_permissions
 from flywheel.tasks import callee, checker
-from flywheel.tasks.checker import MAX_LINE
 from flywheel.tasks.repoenv import ready_env
 from flywheel.types import Task
 
@@ -57,7 +56,7 @@ def read_verdict(fd: int, deadline: float) -> tuple[str, dict[str, float]]:
     (the test's status, components). Other lines (bwrap saying why it could not start) are passed over."""
     os.set_blocking(fd, False)
     buf = bytearray()
-    while len(buf) <= MAX_LINE:
+    while len(buf) <= checker.MAX_LINE:
         while (i := buf.find(b"\n")) >= 0:
             line = bytes(buf[:i])
             del buf[:i + 1]

@@ -336,7 +336,6 @@ def grade_suite(task: Task, base: Path, cfg: EnvConfig, kind: str = "auto", env_
                                 f"kept it as it is it {status.get(tid, 'missing')}" for tid in forged]
 
 
-
 def _run_all(task: Task, runs: list[Run], base: Path, cfg: EnvConfig, kind: str,
              env_dir: Path | None) -> list[tuple[dict[str, str], bool]]:
     """Each run's (status per test id, timed out): forked from one interpreter where it can, else a sandbox each."""

@@ -30,7 +30,7 @@ import os
 import random
 import sys
 
-MAX_LINE = 16 << 20  # the longest reply the candidate may send (bytes); envs/checks.py imports it
+MAX_LINE = 16 << 20  # the longest reply the candidate may send (bytes); envs/checks.py reads it too
 
 
 class CandidateError(Exception):
